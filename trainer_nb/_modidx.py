@@ -63,4 +63,9 @@ d = { 'settings': { 'branch': 'main',
                                  'trainer_nb.core.fit': ('core.html#fit', 'trainer_nb/core.py'),
                                  'trainer_nb.core.get_hook': ('core.html#get_hook', 'trainer_nb/core.py'),
                                  'trainer_nb.core.predict': ('core.html#predict', 'trainer_nb/core.py'),
-                                 'trainer_nb.core.remove_hooks': ('core.html#remove_hooks', 'trainer_nb/core.py')}}}
+                                 'trainer_nb.core.remove_hooks': ('core.html#remove_hooks', 'trainer_nb/core.py')},
+            'trainer_nb.demo': { 'trainer_nb.demo.accuracy': ('demo.html#accuracy', 'trainer_nb/demo.py'),
+                                 'trainer_nb.demo.digits_dls': ('demo.html#digits_dls', 'trainer_nb/demo.py'),
+                                 'trainer_nb.demo.digits_model': ('demo.html#digits_model', 'trainer_nb/demo.py'),
+                                 'trainer_nb.demo.main': ('demo.html#main', 'trainer_nb/demo.py'),
+                                 'trainer_nb.demo.run': ('demo.html#run', 'trainer_nb/demo.py')}}}

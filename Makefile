@@ -1,0 +1,39 @@
+# The two commands of the README:  `make demo`  and  `make test`.
+# Both create the virtual environment .venv on first use and install trainer_nb with its development tools.
+
+PYTHON ?= python3
+VENV ?= .venv
+# the PyTorch build to install (a CPU or a CUDA wheel, whatever pip finds for this pin)
+TORCH ?= torch==2.13.0
+BIN := $(VENV)/bin
+
+.PHONY: demo test test-nbs test-py install readme clean
+
+demo: $(VENV)/.installed
+	$(BIN)/trainer_nb_demo
+
+test: test-nbs test-py
+
+test-nbs: $(VENV)/.installed
+	cd nbs && ../$(BIN)/nbdev_test --n_workers 2 --timing
+
+test-py: $(VENV)/.installed
+	$(BIN)/pytest -q tests
+
+install: $(VENV)/.installed
+
+$(VENV)/.installed: settings.ini setup.py
+	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
+	$(BIN)/python -m pip install -q --upgrade pip
+	$(BIN)/python -m pip install -q "$(TORCH)"
+	$(BIN)/python -m pip install -q -e ".[dev]"
+	touch $@
+
+# README.md is generated from nbs/index.ipynb (after running it: outputs are part of the README)
+readme: $(VENV)/.installed
+	$(BIN)/jupyter nbconvert --to notebook --execute --inplace nbs/index.ipynb
+	$(BIN)/nbdev_clean --fname nbs/index.ipynb
+	$(BIN)/python tools/render_readme.py
+
+clean:
+	rm -rf $(VENV) _proc _docs build *.egg-info
