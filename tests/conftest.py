@@ -1,0 +1,64 @@
+"Shared fixtures: small data sets and models, and a fresh Accelerate state for every test."
+import socket
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+import torch.nn.functional as F
+from torch.utils.data import DataLoader, TensorDataset
+
+REPO = Path(__file__).resolve().parents[1]
+VENV_BIN = Path(sys.executable).parent
+
+
+def pytest_configure(config):
+    config.addinivalue_line('markers', 'slow: takes more than a minute')
+
+
+@pytest.fixture
+def fresh_accelerate():
+    """Accelerate keeps process-wide singletons (mixed precision, accumulation steps): start the test from none,
+    and leave none behind. Use it with `pytestmark = pytest.mark.usefixtures('fresh_accelerate')`."""
+    from accelerate.state import AcceleratorState, GradientState
+    AcceleratorState._reset_state(True); GradientState._reset_state()
+    yield
+    AcceleratorState._reset_state(True); GradientState._reset_state()
+
+
+def regression_ds(n=48, d=5, seed=0) -> TensorDataset:
+    "`n` samples of a noisy linear target, deterministic."
+    w = torch.randn(d, 1, generator=torch.Generator().manual_seed(1234))   # the same target for every seed
+    g = torch.Generator().manual_seed(seed)
+    x = torch.randn(n, d, generator=g)
+    return TensorDataset(x, x @ w + 0.1 * torch.randn(n, 1, generator=g))
+
+
+def small_model(d=5, seed=1) -> torch.nn.Module:
+    "A tiny MLP, with the same weights every time for the same `seed`."
+    torch.manual_seed(seed)
+    return torch.nn.Sequential(torch.nn.Linear(d, 8), torch.nn.Tanh(), torch.nn.Linear(8, 1))
+
+
+def flat(model) -> torch.Tensor:
+    "All parameters of `model` as one detached vector (a copy)."
+    return torch.cat([p.detach().flatten() for p in model.parameters()]).clone()
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(('127.0.0.1', 0))
+        return s.getsockname()[1]
+
+
+@pytest.fixture
+def make_trainer(fresh_accelerate):
+    "`make_trainer(n=48, bs=8, valid=None, **kw)`: a Trainer on `regression_ds` with MSE, no default hooks."
+    from trainer_nb.core import Trainer
+    def _make(n=48, bs=8, valid=None, model=None, **kw):
+        kw.setdefault('loss_func', F.mse_loss)
+        kw.setdefault('default_hooks', False)
+        valid_dl = DataLoader(regression_ds(valid, seed=1), batch_size=bs) if valid else None
+        return Trainer(model if model is not None else small_model(), DataLoader(regression_ds(n), batch_size=bs),
+                       valid_dl, **kw)
+    return _make

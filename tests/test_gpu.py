@@ -1,0 +1,103 @@
+"Mixed precision: bf16 and fp16 on CUDA (skipped without a GPU), and bf16 on the CPU."
+import math
+
+import pytest
+import torch
+import torch.nn.functional as F
+from torch.utils.data import DataLoader, TensorDataset
+
+from trainer_nb.core import Hook, Trainer
+
+pytestmark = pytest.mark.usefixtures('fresh_accelerate')
+
+needs_cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason='needs a CUDA GPU (torch.cuda.is_available() is False)')
+
+
+class Watch(Hook):
+    "Per batch: did the optimizer step, did the scaler skip it; per epoch: the training loss."
+    def __init__(self): self.stepped, self.skipped, self.epoch_losses = [], [], []
+    def after_step(self):
+        t = self.trainer
+        self.stepped.append(t.state.opt_stepped)
+        self.skipped.append(t.accelerator.sync_gradients and bool(getattr(t.opt, 'step_was_skipped', False)))
+    def after_epoch(self): self.epoch_losses.append(self.trainer.epoch_results['train_loss'])
+
+
+def _train(mixed_precision, cpu=False, grad_accum=1, max_grad_norm=None, epochs=4, setup=None):
+    g = torch.Generator().manual_seed(0)
+    x = torch.randn(256, 16, generator=g)
+    y = x @ torch.randn(16, 1, generator=g)
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(16, 64), torch.nn.ReLU(), torch.nn.Linear(64, 1))
+    dtypes = set()
+    model[0].register_forward_hook(lambda m, i, o: dtypes.add(o.dtype))
+    watch = Watch()
+    t = Trainer(model, DataLoader(TensorDataset(x, y), batch_size=32), DataLoader(TensorDataset(x[:100], y[:100]), batch_size=32),
+                loss_func=F.mse_loss, lr=3e-2, mixed_precision=mixed_precision, cpu=cpu, grad_accum=grad_accum,
+                max_grad_norm=max_grad_norm, hooks=[watch], default_hooks=False)
+    if setup is not None: setup(t)
+    t.fit(epochs)
+    return t, watch, dtypes
+
+
+def _check(t, watch, dtypes, compute_dtype, device, grad_accum=1, epochs=4):
+    assert t.device.type == device
+    assert dtypes == {compute_dtype}                           # autocast was on in the forward pass
+    assert all(p.dtype == torch.float32 and torch.isfinite(p).all() for p in t.model.parameters())
+    assert watch.epoch_losses[-1] < 0.5 * watch.epoch_losses[0], watch.epoch_losses
+    assert all(math.isfinite(l) for l in watch.epoch_losses)
+    assert t.state.iteration == 8 * epochs and t.state.samples == 256 * epochs
+    assert sum(watch.stepped) == t.state.step == epochs * math.ceil(8 / grad_accum) - sum(watch.skipped)
+    assert t.eval_samples == 100 and t.valid_results['valid_loss'] < watch.epoch_losses[0]
+    preds, _ = t.predict(t.valid_dl)
+    assert preds.shape == (100, 1) and preds.device.type == 'cpu' and torch.isfinite(preds).all()
+
+
+def test_bf16_cpu():
+    t, watch, dtypes = _train('bf16', cpu=True)
+    assert t.accelerator.scaler is None
+    _check(t, watch, dtypes, torch.bfloat16, 'cpu')
+    assert not any(watch.skipped)
+
+
+@needs_cuda
+def test_bf16_cuda():
+    if not torch.cuda.is_bf16_supported(): pytest.skip('this GPU has no bf16 support')
+    t, watch, dtypes = _train('bf16')
+    assert t.accelerator.scaler is None                        # bf16 needs no loss scaling
+    _check(t, watch, dtypes, torch.bfloat16, 'cuda')
+    assert not any(watch.skipped)
+
+
+def _check_scaler(t, watch):
+    scaler = t.accelerator.scaler
+    assert isinstance(scaler, torch.amp.GradScaler) and scaler.is_enabled()
+    # the scaler was updated once per optimizer step: its growth tracker counts the steps since the last skip
+    since_skip = 0
+    for s, k in zip(watch.stepped, watch.skipped):
+        if s: since_skip += 1
+        elif k: since_skip = 0
+    assert scaler.state_dict()['_growth_tracker'] == since_skip
+
+
+@needs_cuda
+def test_fp16_cuda():
+    t, watch, dtypes = _train('fp16')
+    _check(t, watch, dtypes, torch.float16, 'cuda')
+    _check_scaler(t, watch)
+
+
+@needs_cuda
+def test_fp16_cuda_accumulation_and_clipping():
+    "fp16 + grad_accum=3 (8 batches: groups of 3, 3, 2) + clipping, on unscaled gradients, once per step."
+    norms = []
+    def spy(t):
+        def pre_step(opt, args, kwargs):
+            norms.append(float(torch.cat([p.grad.float().flatten() for p in t.model.parameters()]).norm()))
+        t.opt.optimizer.register_step_pre_hook(pre_step)
+    t, watch, dtypes = _train('fp16', grad_accum=3, max_grad_norm=0.5, setup=spy)
+    _check(t, watch, dtypes, torch.float16, 'cuda', grad_accum=3)
+    _check_scaler(t, watch)
+    assert [s or k for s, k in zip(watch.stepped, watch.skipped)] == [(i % 8) in (2, 5, 7) for i in range(32)]
+    assert len(norms) == t.state.step                          # the torch optimizer ran only on real steps
+    assert all(n <= 0.5 * (1 + 1e-3) for n in norms), norms    # clipped, in unscaled units

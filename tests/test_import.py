@@ -1,0 +1,40 @@
+"Importing the library must not initialise CUDA (multi-GPU from a notebook needs CUDA untouched until launch)."
+import json
+import subprocess
+import sys
+
+from conftest import REPO
+
+CHECK = r'''
+import json, pkgutil, importlib, sys
+import torch
+calls = []
+_init = torch.cuda._lazy_init
+def _lazy_init(*a, **kw):
+    import traceback; calls.append(''.join(traceback.format_stack(limit=8)))
+    return _init(*a, **kw)
+torch.cuda._lazy_init = _lazy_init
+import trainer_nb, trainer_nb.core
+mods = sorted(m.name for m in pkgutil.iter_modules(trainer_nb.__path__, 'trainer_nb.'))
+for m in mods: importlib.import_module(m)
+print(json.dumps({'initialized': torch.cuda.is_initialized(), 'lazy_init_calls': calls, 'modules': mods}))
+'''
+
+
+def test_import_does_not_initialise_cuda():
+    p = subprocess.run([sys.executable, '-c', CHECK], cwd=REPO, capture_output=True, text=True, timeout=120)
+    assert p.returncode == 0, p.stderr[-3000:]
+    r = json.loads(p.stdout.strip().splitlines()[-1])
+    assert 'trainer_nb.core' in r['modules']
+    assert r['initialized'] is False
+    assert r['lazy_init_calls'] == [], r['lazy_init_calls'][0]
+
+
+def test_building_a_trainer_on_cpu_does_not_initialise_cuda():
+    code = ("import torch, torch.nn.functional as F\n"
+            "from trainer_nb.core import Trainer\n"
+            "t = Trainer(torch.nn.Linear(2, 1), loss_func=F.mse_loss, cpu=True)\n"
+            "print(t.device.type, torch.cuda.is_initialized())")
+    p = subprocess.run([sys.executable, '-c', code], cwd=REPO, capture_output=True, text=True, timeout=120)
+    assert p.returncode == 0, p.stderr[-3000:]
+    assert p.stdout.split()[-2:] == ['cpu', 'False']
