@@ -35,12 +35,40 @@ def trainer_no_hooks(steps):
     tr.fit(1)
     return steps / (time.perf_counter() - t)
 
-CONTENDERS = {'raw loop': raw_loop, 'trainer (no hooks)': trainer_no_hooks}
+def _notebook_trainer(steps):
+    "The Trainer with Recorder, Progress and LivePlot, drawing as in a notebook (widgets with no frontend to show them)."
+    from trainer_nb.core import Trainer
+    from trainer_nb.recorder import Recorder
+    from trainer_nb.progress import Progress
+    from trainer_nb.liveplot import LivePlot
+    model, dl = make(steps)
+    hooks = [Recorder(), Progress(mode='widget'), LivePlot(mode='widget')]
+    return Trainer(model, dl, loss_func=F.cross_entropy, opt_func=torch.optim.SGD, lr=0.01, cpu=True,
+                   default_hooks=False, hooks=hooks), hooks
+
+def trainer_notebook(steps):
+    tr, _ = _notebook_trainer(steps)
+    t = time.perf_counter()
+    tr.fit(1)
+    return steps / (time.perf_counter() - t)
+
+def redraw_share(steps=20_000):
+    "Share of a run's wall time spent redrawing the dashboard and the plot, with the notebook defaults."
+    tr, (_, prog, plot) = _notebook_trainer(steps)
+    t = time.perf_counter()
+    tr.fit(1)
+    wall = time.perf_counter() - t
+    print(f"redraw share ({steps} steps, notebook defaults): {(prog.draw_time + plot.draw_time) / wall:.2%} of "
+          f"{wall:.1f} s wall (plot: {plot.n_draws} draws, {plot.draw_time:.3f} s; dashboard: {prog.n_draws} "
+          f"redraws, {prog.draw_time:.3f} s; one-time figure setup {plot.setup_time:.3f} s)")
+
+CONTENDERS = {'raw loop': raw_loop, 'trainer (no hooks)': trainer_no_hooks, 'trainer (notebook defaults)': trainer_notebook}
 
 def main():
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument('--steps', type=int, default=1500)
     ap.add_argument('--reps', type=int, default=7)
+    ap.add_argument('--redraw-steps', type=int, default=20_000, help='steps of the redraw-share run (0: skip it)')
     a = ap.parse_args()
     torch.set_num_threads(1)
     for f in CONTENDERS.values(): f(100)   # warm up
@@ -48,5 +76,6 @@ def main():
     for _ in range(a.reps):
         for n, f in CONTENDERS.items(): best[n] = max(best[n], f(a.steps))
     for n, v in best.items(): print(f"{n}: {v:.0f} steps/s, {v / best['raw loop']:.3f} x raw")
+    if a.redraw_steps: redraw_share(a.redraw_steps)
 
 if __name__ == '__main__': main()

@@ -10,7 +10,7 @@ import torch
 import torch.nn.functional as F
 from torch.utils.data import DataLoader, TensorDataset
 
-from trainer_nb.core import Hook, MainProcessHook, Trainer
+from trainer_nb.core import Hook, MainProcessHook, PrintMetrics, Trainer
 
 N_TRAIN, N_VALID, EPOCHS, LR = 64, 101, 2, 0.1
 
@@ -45,7 +45,7 @@ def make_trainer(batch_size, hooks=()):
     train_ds, valid_ds = make_data()
     return Trainer(make_model(), DataLoader(train_ds, batch_size=batch_size, shuffle=False),
                    DataLoader(valid_ds, batch_size=10), loss_func=F.mse_loss, opt_func=torch.optim.SGD, lr=LR,
-                   metrics=[mae], hooks=hooks)
+                   metrics=[mae], hooks=[PrintMetrics(), *hooks], default_hooks=False)
 
 
 def main(out_dir: Path, batch_size: int):

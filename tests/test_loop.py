@@ -226,7 +226,7 @@ def test_describe_hooks_table(make_trainer):
         order = 50
         def after_step(self): pass
         def after_epoch(self): pass
-    t = make_trainer(hooks=[Late(), Early()], default_hooks=True)
+    t = make_trainer(hooks=[Late(), Early(), PrintMetrics()])
     df = t.describe_hooks()
     assert list(df.index) == list(EVENTS)
     col = df.columns[0]
@@ -253,6 +253,15 @@ def test_misspelled_event_flagged_and_warned(make_trainer):
     assert any("'before_zzzzzz'" in m and "never run" in m for m in msgs), msgs
 
 
+def test_default_hooks_are_recorder_progress_liveplot(make_trainer):
+    from trainer_nb.recorder import Recorder
+    from trainer_nb.progress import Progress
+    from trainer_nb.liveplot import LivePlot
+    t = make_trainer(default_hooks=True)
+    assert [type(h) for h in t.hooks] == [Recorder, Progress, LivePlot]
+    assert [type(h) for h in make_trainer(default_hooks=False).hooks] == []
+
+
 def test_main_process_hook_runs_in_single_process(make_trainer):
     class Count(MainProcessHook):
         def __init__(self): self.n = 0
@@ -265,7 +274,7 @@ def test_main_process_hook_runs_in_single_process(make_trainer):
 
 
 def test_print_metrics_one_line_per_epoch(make_trainer, capsys):
-    t = make_trainer(n=16, bs=8, valid=8, default_hooks=True, metrics=[lambda p, y: (p - y).abs().mean()])
+    t = make_trainer(n=16, bs=8, valid=8, hooks=[PrintMetrics()], metrics=[lambda p, y: (p - y).abs().mean()])
     assert [type(h) for h in t.hooks] == [PrintMetrics]
     t.fit(3)
     lines = capsys.readouterr().out.splitlines()

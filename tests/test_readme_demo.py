@@ -23,7 +23,9 @@ def test_demo_command_trains_to_high_accuracy():
     m = re.search(r'digits: valid_loss ([\d.]+), accuracy ([\d.]+) \((\d+) validation images', r.stdout)
     assert m, r.stdout
     assert float(m.group(2)) > 0.9 and int(m.group(3)) == 359
-    assert len(re.findall(r'^epoch \d', r.stdout, re.M)) == 4
+    # the progress display's epoch table: a header and one row per epoch
+    assert re.search(r'^\s*epoch\s+train_loss\s+valid_loss\s+accuracy\s+time', r.stdout, re.M), r.stdout
+    assert len(re.findall(r'^\s*\d+\s+[\d.]+\s+[\d.]+\s+[\d.]+\s+\d\d:\d\d', r.stdout, re.M)) == 4, r.stdout
 
 def test_demo_exits_nonzero_below_the_accuracy_bar():
     exe = Path(sys.executable).parent / 'trainer_nb_demo'

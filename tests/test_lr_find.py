@@ -1,0 +1,381 @@
+"""lr_find: exact restore (also after an interrupt, with optimizer state), suggestions, param groups, apply,
+gradient accumulation + bf16, terminal output and plot file, the widget's controls, and a real 2-process run."""
+import math, os, random, socket, subprocess, sys, textwrap
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+import torch.nn.functional as F
+from torch import nn
+from torch.utils.data import DataLoader, TensorDataset
+
+from trainer_nb.core import Trainer, Hook, LossLog
+from trainer_nb.lr_find import LRFindResult, suggest, suggest_valley, suggest_steep, suggest_minimum, suggest_slide
+
+pytestmark = pytest.mark.usefixtures('fresh_accelerate')
+ROOT = Path(__file__).resolve().parents[1]
+PY = sys.executable
+
+
+def data(n=256, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    X = torch.randn(n, 10, generator=g)
+    return TensorDataset(X, (X[:, :3].sum(1) > 0).long())
+
+
+class Counter(Hook):
+    "A hook with state, to check that the sweep neither runs hooks nor changes them."
+    def __init__(self): self.steps = 0
+    def after_step(self): self.steps += 1
+
+
+def make(loss_func=F.cross_entropy, opt_func=torch.optim.AdamW, dl_generator=False, **kw):
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(10, 32), nn.ReLU(), nn.Dropout(0.3), nn.Linear(32, 2))
+    if callable(opt_func) and not isinstance(opt_func, type) and opt_func is not torch.optim.AdamW:
+        opt_func = opt_func(model)
+    dl = DataLoader(data(), batch_size=32, shuffle=True,
+                    generator=torch.Generator().manual_seed(3) if dl_generator else None)
+    return Trainer(model, dl, DataLoader(data(64, 1), batch_size=64), loss_func=loss_func, opt_func=opt_func,
+                   hooks=[Counter()], default_hooks=False, cpu=True, **kw)
+
+
+def seed_all(s=1):
+    random.seed(s); np.random.seed(s); torch.manual_seed(s)
+
+
+def weights(t): return [p.detach().clone() for p in [*t.model.parameters(), *t.model.buffers()]]
+
+
+def same(a, b): return len(a) == len(b) and all(torch.equal(x, y) for x, y in zip(a, b))
+
+
+def reference(epochs_before=0, epochs=2, **kw):
+    t = make(**kw); seed_all()
+    if epochs_before: t.fit(epochs_before)
+    t.fit(epochs)
+    return weights(t)
+
+
+# ---------------------------------------------------------------- exact restore
+
+@pytest.mark.parametrize('dl_generator', [False, True])
+def test_sweep_then_fit_equals_fit_alone(capsys, dl_generator):
+    "Shuffling (by the global RNG, or by the dataloader's own generator) and dropout make the RNGs matter."
+    t = make(dl_generator=dl_generator); seed_all()
+    hooks, state, losses, counter = list(t.hooks), t.state, t.losses, t.get_hook(Counter)
+    w0, groups0 = weights(t), [dict(g, params=None) for g in t.opt.param_groups]
+    res = t.lr_find(show=False, num_it=30)
+    assert capsys.readouterr().out == ''                     # show=False prints nothing
+    assert len(res.lrs) >= 5 and res.lrs[0] == 1e-7
+    assert same(weights(t), w0)
+    assert [dict(g, params=None) for g in t.opt.param_groups] == groups0
+    assert t.opt.optimizer.state_dict()['state'] == {}       # no AdamW state left behind
+    assert t.hooks == hooks and t.hooks[0] is counter and counter.steps == 0 and counter.trainer is t
+    assert t.state is state and t.state.iteration == 0 and t.state.step == 0 and t.state.epoch == 0
+    assert t.losses is losses and len(t.losses) == 0
+    assert t.valid_dl is not None and t.sync_every == 100
+    t.fit(2)
+    assert same(weights(t), reference(dl_generator=dl_generator))
+    assert counter.steps == 2 * 8                            # the hook saw the real fit only
+
+
+def test_rngs_are_restored():
+    t = make(); seed_all()
+    states = (random.getstate(), np.random.get_state()[1].copy(), torch.get_rng_state())
+    t.lr_find(show=False, num_it=20)
+    assert random.getstate() == states[0]
+    assert (np.random.get_state()[1] == states[1]).all()
+    assert torch.equal(torch.get_rng_state(), states[2])
+
+
+def test_interrupted_sweep_restores_everything():
+    calls = {'n': 0, 'armed': True}
+    def loss_func(preds, y):
+        calls['n'] += 1
+        if calls['armed'] and calls['n'] == 5: raise KeyboardInterrupt
+        return F.cross_entropy(preds, y)
+    t = make(loss_func=loss_func); seed_all()
+    w0 = weights(t)
+    with pytest.raises(KeyboardInterrupt): t.lr_find(show=False)
+    assert calls['n'] == 5 and same(weights(t), w0)
+    assert len(t.hooks) == 1 and isinstance(t.hooks[0], Counter) and t.state.iteration == 0 and not t.fitting
+    calls['armed'] = False
+    t.fit(2)
+    assert same(weights(t), reference())
+
+
+def test_restore_with_optimizer_state():
+    t = make(); seed_all()
+    t.fit(1)
+    sd = t.opt.optimizer.state_dict()
+    before = {k: {n: v.clone() for n, v in s.items()} for k, s in sd['state'].items()}
+    assert before and all('exp_avg' in s for s in before.values())
+    iteration = t.state.iteration
+    res = t.lr_find(show=False, num_it=40)
+    assert len(res.lrs) > 10
+    after = t.opt.optimizer.state_dict()['state']
+    assert after.keys() == before.keys()
+    assert all(torch.equal(after[k][n], v) for k, s in before.items() for n, v in s.items())
+    assert t.state.iteration == iteration and len(t.losses) == iteration
+    t.fit(1)
+    assert same(weights(t), reference(epochs_before=1, epochs=1))
+
+
+def test_scheduler_is_off_during_the_sweep_and_restored():
+    seen = []
+    sched = lambda opt, total: torch.optim.lr_scheduler.OneCycleLR(opt, max_lr=1e-2, total_steps=total)
+    t = make(scheduler=sched); seed_all()
+    t.fit(1)
+    s0, sd0 = t.scheduler, t.scheduler.state_dict()
+    t.loss_func = lambda p, y: (seen.append(t.opt.param_groups[0]['lr']), F.cross_entropy(p, y))[1]
+    res = t.lr_find(show=False, num_it=20)
+    assert seen == res.lrs                                   # the finder's LRs, not the one-cycle's
+    assert t.scheduler is s0 and t.scheduler.state_dict() == sd0
+    t.loss_func = F.cross_entropy
+    t.fit(1)
+    ref = make(scheduler=sched); seed_all(); ref.fit(1); ref.fit(1)
+    assert same(weights(t), weights(ref))
+
+
+def test_diverging_sweep_stops_and_restores():
+    t = make(); seed_all()
+    w0 = weights(t)
+    res = t.lr_find(start_lr=1e-2, end_lr=1e8, num_it=100, show=False)
+    assert len(res.lrs) < 100 and res.stop_reason != 'done'
+    assert len(res.raw_losses) == len(res.losses) == len(res.lrs)
+    assert same(weights(t), w0) and all(torch.isfinite(w).all() for w in weights(t))
+    # lrs grow exponentially: a constant ratio between consecutive steps
+    r = np.diff(np.log(res.lrs))
+    assert np.allclose(r, math.log(1e10) / 99)
+
+
+def test_smoothing_is_debiased_ema():
+    t = make(); seed_all()
+    res = t.lr_find(show=False, num_it=25, beta=0.9)
+    avg, expect = 0.0, []
+    for i, l in enumerate(res.raw_losses):
+        avg = 0.9 * avg + 0.1 * l
+        expect.append(avg / (1 - 0.9 ** (i + 1)))
+    assert np.allclose(res.losses, expect)
+    assert math.isclose(res.losses[0], res.raw_losses[0])
+
+
+# ---------------------------------------------------------------- param groups, apply
+
+def test_param_groups_keep_their_ratio():
+    seen = []
+    def two_groups(model):
+        return torch.optim.SGD([{'params': model[0].parameters(), 'lr': 1e-2},
+                                {'params': model[3].parameters(), 'lr': 1e-3}], lr=1e-2)
+    t = make(opt_func=two_groups)
+    t.loss_func = lambda p, y: (seen.append([g['lr'] for g in t.opt.param_groups]), F.cross_entropy(p, y))[1]
+    res = t.lr_find(show=False, num_it=20)
+    assert len(seen) == len(res.lrs)
+    assert all(math.isclose(a / b, 10) for a, b in seen)
+    assert [a for a, _ in seen] == pytest.approx(res.lrs)
+    assert [g['lr'] for g in t.opt.param_groups] == [1e-2, 1e-3]
+    res.apply(4e-3)
+    assert t.lr == 4e-3 and [g['lr'] for g in t.opt.param_groups] == pytest.approx([4e-3, 4e-4])
+
+
+def test_apply_sets_the_lr_of_the_next_fit():
+    seen = []
+    t = make()
+    t.loss_func = lambda p, y: (seen.append(t.opt.param_groups[0]['lr']), F.cross_entropy(p, y))[1]
+    res = t.lr_find(show=False, num_it=30)
+    assert t.lr == 1e-3 and res.valley != 1e-3
+    lr = res.apply()
+    assert lr == res.valley == t.lr
+    seen.clear(); t.fit(1)
+    assert seen == [res.valley] * (8 + 1)   # 8 training batches, 1 validation batch
+    assert res.apply('minimum') == res.suggestions['minimum'] == t.lr
+    with pytest.raises(KeyError): res.apply('nope')
+
+
+# ---------------------------------------------------------------- suggestions on synthetic curves
+
+LRS = np.logspace(-7, 1, 100)
+X = np.log10(LRS)
+CURVE = 2.3 - 2.0 / (1 + np.exp(-2.5 * (X + 3))) + np.exp(2.0 * (X - 0.3))   # descent centred at 1e-3, min near 0.1
+
+
+def test_suggestions_on_a_synthetic_curve():
+    s = suggest(LRS, CURVE)
+    assert list(s) == ['valley', 'steep', 'minimum', 'slide']
+    assert 10 ** -3.4 < s['valley'] < 10 ** -2.6
+    assert 10 ** -3.2 < s['steep'] < 10 ** -2.8
+    assert math.isclose(s['minimum'], LRS[np.argmin(CURVE)] / 10)
+    assert s['minimum'] <= s['slide'] < LRS[np.argmin(CURVE)]
+
+
+def test_valley_follows_the_descent_and_ignores_noise():
+    for centre in (-5, -3, -1.5):
+        y = 2.3 - 2.0 / (1 + np.exp(-2.5 * (X - centre))) + np.exp(2.0 * (X - centre - 3))
+        noisy = y + np.random.default_rng(0).normal(0, 0.01, len(y))
+        for curve in (y, noisy):
+            assert abs(math.log10(suggest_valley(LRS, curve)) - centre) < 0.4
+
+
+def test_nan_tail_is_dropped():
+    y = CURVE.copy(); y[85:] = np.nan
+    assert suggest(LRS, y) == suggest(LRS[:85], CURVE[:85])
+    y[60:] = np.inf
+    assert suggest(LRS, y) == suggest(LRS[:60], CURVE[:60])
+
+
+def test_too_short_sweeps_raise_a_clear_error():
+    y = CURVE[:10].copy(); y[4:] = np.nan
+    for f in (suggest_valley, suggest_steep, suggest_minimum, suggest_slide):
+        with pytest.raises(ValueError, match='Only 4 usable points'): f(LRS[:10], y)
+    with pytest.raises(ValueError, match='Only 3 usable'): suggest(LRS[:3], CURVE[:3])
+    assert suggest_minimum(LRS[:5], CURVE[:5]) > 0   # five points are enough
+
+
+def test_degenerate_curves():
+    rising = np.linspace(1, 3, 50)
+    assert suggest_valley(LRS[:50], rising) == suggest_minimum(LRS[:50], rising) == LRS[0] / 10
+    flat = np.ones(50)
+    assert suggest_valley(LRS[:50], flat) == LRS[0] / 10
+    # a long flat bottom: minimum follows the noisy lowest point, slide the end of the bottom
+    y = np.where(X < -3, 2.0, np.where(X < 0, 1.0, 1.0 + (X) ** 2))
+    y = y - 1e-3 * (X == X[60])   # the lowest point early in the flat bottom (1e-3 .. 1)
+    assert math.isclose(suggest_minimum(LRS, y), LRS[60] / 10)
+    assert suggest_slide(LRS, y) > 10 * suggest_minimum(LRS, y)
+
+
+def test_suggestion_methods_can_be_chosen():
+    t = make(); seed_all()
+    res = t.lr_find(show=False, num_it=20, suggest_funcs={'tenth': lambda lrs, losses: lrs[len(lrs) // 10]})
+    assert list(res.suggestions) == ['tenth'] and res.suggestions['tenth'] == res.lrs[len(res.lrs) // 10]
+    assert res.apply() == t.lr == res.suggestions['tenth']
+    with pytest.raises(ValueError, match='Unknown suggestion'): t.lr_find(show=False, suggest_funcs=('valey',))
+
+
+# ---------------------------------------------------------------- widget (its controls; a browser test drives it elsewhere)
+
+def test_widget_controls():
+    t = make(); seed_all()
+    res = t.lr_find(show=False, num_it=30)
+    w = res.widget
+    assert w is res.widget                                  # made once
+    assert 'tnb-lr-slider' in w.slider._dom_classes and 'tnb-lr-apply' in w.button._dom_classes
+    assert w.button.description == 'Use this LR'
+    assert math.isclose(w.slider.value, res.valley, rel_tol=0.03)
+    assert w.slider.min == pytest.approx(-7) and w.slider.max == pytest.approx(math.log10(res.lrs[-1]))
+    png = w.image.value
+    assert png[:8] == b'\x89PNG\r\n\x1a\n'
+    w.slider.value = 1e-4
+    assert w.image.value != png                             # the line moved
+    w.picks.value = 'steep'
+    assert math.isclose(w.slider.value, res.suggestions['steep'], rel_tol=0.03)
+    w.button.click()
+    assert t.lr == w.slider.value and f"{t.lr:.3e}" in w.label.value
+
+
+# ---------------------------------------------------------------- subprocesses: terminal, bf16 + accumulation, 2 processes
+
+def run_script(code, tmp_path, *args, cmd=None):
+    script = tmp_path / 'script.py'
+    script.write_text(textwrap.dedent(code))
+    env = dict(os.environ, PYTHONPATH=str(ROOT), OMP_NUM_THREADS='1')
+    p = subprocess.run((cmd or [PY]) + [str(script), *args], capture_output=True, text=True, cwd=tmp_path, env=env,
+                       timeout=240)
+    assert p.returncode == 0, p.stdout + p.stderr
+    return p
+
+
+SETUP = """
+import json, sys, random, torch, numpy as np, torch.nn.functional as F
+from torch import nn
+from torch.utils.data import DataLoader, TensorDataset
+from trainer_nb.core import Trainer
+import trainer_nb.lr_find
+g = torch.Generator().manual_seed(0)
+X = torch.randn(256, 10, generator=g); y = (X[:, :3].sum(1) > 0).long()
+def make(**kw):
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(10, 32), nn.ReLU(), nn.Dropout(0.3), nn.Linear(32, 2))
+    return Trainer(model, DataLoader(TensorDataset(X, y), batch_size=16, shuffle=True), loss_func=F.cross_entropy,
+                   default_hooks=False, cpu=True, **kw)
+def weights(t): return [p.detach().clone() for p in [*t.model.parameters(), *t.model.buffers()]]
+"""
+
+
+def test_terminal_output_and_plot_file(tmp_path):
+    p = run_script(SETUP + """
+t = make()
+res = t.lr_find(num_it=40)
+res.plot(path='lr.png')
+print('VALLEY', repr(res.valley))
+""", tmp_path)
+    out = p.stdout
+    valley = float(out.split('VALLEY ')[1])
+    lines = out.splitlines()
+    assert lines[0].startswith('LR finder: 40 steps from 1.00e-07') or 'stopped' in lines[0]
+    assert f"  valley   {valley:.2e}  (default)" in lines
+    for k in ('steep', 'minimum', 'slide'): assert any(l.startswith(f"  {k} ") for l in lines)
+    assert f"lr={valley:.2e}" in out
+    png = (tmp_path / 'lr.png').read_bytes()
+    assert png[:8] == b'\x89PNG\r\n\x1a\n' and len(png) > 10_000
+
+
+def test_bf16_and_grad_accumulation(tmp_path):
+    "One LR per optimizer step (2 batches each), under bf16 autocast, and the restore is exact."
+    run_script(SETUP + """
+seen = []
+t = make(mixed_precision='bf16', grad_accum=2)
+def loss_func(p, y):
+    seen.append(t.opt.param_groups[0]['lr'])
+    return F.cross_entropy(p, y)
+t.loss_func = loss_func
+dtypes = []
+t.unwrapped_model[0].register_forward_hook(lambda m, i, o: dtypes.append(o.dtype))
+torch.manual_seed(1); t.fit(1); w0 = weights(t); torch.manual_seed(2)
+res = t.lr_find(num_it=30, show=False)
+n = len(res.lrs)
+assert len(seen) == 16 + 2 * n, (len(seen), n)
+sweep = seen[16:]
+assert sweep[::2] == sweep[1::2] == res.lrs
+assert len(dtypes) == len(seen) and all(d == torch.bfloat16 for d in dtypes)   # autocast is on
+assert all(torch.equal(a, b) for a, b in zip(weights(t), w0))
+assert t.accelerator.step == 0 and t.state.iteration == 16 and t.state.step == 8
+t.fit(1)
+ref = make(mixed_precision='bf16', grad_accum=2)
+torch.manual_seed(1); ref.fit(1); torch.manual_seed(2); ref.fit(1)
+assert all(torch.equal(a, b) for a, b in zip(weights(t), weights(ref)))
+print('OK')
+""", tmp_path)
+
+
+def free_port():
+    with socket.socket() as s:
+        s.bind(('127.0.0.1', 0)); return s.getsockname()[1]
+
+
+def test_two_processes(tmp_path):
+    # `--cpu --num_processes 2` would start one process (accelerate expects mpirun for several CPU processes);
+    # `--multi_gpu` starts two through torchrun, and the Trainer's cpu=True makes them CPU processes talking over gloo
+    launch = [str(Path(PY).parent / 'accelerate'), 'launch', '--multi_gpu', '--num_processes', '2', '--num_machines', '1',
+              '--mixed_precision', 'no', '--dynamo_backend', 'no', '--main_process_port', str(free_port())]
+    p = run_script(SETUP + """
+t = make()
+rank = t.accelerator.process_index
+assert t.accelerator.num_processes == 2 and t.accelerator.distributed_type == 'MULTI_CPU'
+t.fit(1)
+w0, opt0 = weights(t), {k: v['exp_avg'].clone() for k, v in t.opt.optimizer.state_dict()['state'].items()}
+res = t.lr_find(num_it=40)
+restored = all(torch.equal(a, b) for a, b in zip(weights(t), w0)) and all(
+    torch.equal(v['exp_avg'], opt0[k]) for k, v in t.opt.optimizer.state_dict()['state'].items())
+t.fit(1)
+json.dump({'suggestions': res.suggestions, 'raw': res.raw_losses, 'restored': restored, 'iteration': t.state.iteration,
+           'final': [w.sum().item() for w in weights(t)]}, open(f'rank{rank}.json', 'w'))
+""", tmp_path, cmd=launch)
+    import json
+    r0, r1 = (json.loads((tmp_path / f'rank{i}.json').read_text()) for i in (0, 1))
+    assert r0['restored'] and r1['restored']
+    assert r0['suggestions'] == r1['suggestions'] and r0['raw'] == r1['raw']   # same averaged loss, same stop
+    assert r0['iteration'] == r1['iteration'] == 16     # 256 samples / 16 per batch / 2 processes, 2 epochs
+    assert r0['final'] == r1['final']                   # the ranks stay in sync through training after the sweep
+    assert p.stdout.count('valley') == 1                # only the main process prints
