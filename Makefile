@@ -7,7 +7,7 @@ VENV ?= .venv
 TORCH ?= torch==2.13.0
 BIN := $(VENV)/bin
 
-.PHONY: demo test test-nbs test-py install readme clean
+.PHONY: demo test test-nbs test-py install readme docs clean
 
 demo: $(VENV)/.installed
 	$(BIN)/trainer_nb_demo
@@ -34,6 +34,10 @@ readme: $(VENV)/.installed
 	$(BIN)/jupyter nbconvert --to notebook --execute --inplace nbs/index.ipynb
 	$(BIN)/nbdev_clean --fname nbs/index.ipynb
 	$(BIN)/python tools/render_readme.py
+
+# the docs site, from the notebooks, into _docs/ (open _docs/index.html)
+docs: $(VENV)/.installed
+	$(BIN)/python tools/build_docs.py
 
 clean:
 	rm -rf $(VENV) _proc _docs build *.egg-info

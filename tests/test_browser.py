@@ -1,17 +1,9 @@
 """What a notebook user sees: a real JupyterLab in headless Chromium running a fit with Progress + LivePlot,
 and a notebook executed headlessly (nbclient) whose saved file keeps the static curves."""
-import base64, json, os, socket, subprocess, sys, time, urllib.request, secrets
-from pathlib import Path
+import base64, time
 
-import pytest
-
-REPO = Path(__file__).resolve().parents[1]
-CHROMIUM = '/usr/bin/chromium'
-KERNEL = 'trainer-nb-test'
-try:
-    from playwright.sync_api import sync_playwright
-except ImportError:
-    sync_playwright = None
+from conftest import REPO
+from jupyter_lab import KERNEL, jupyter_env, lab_server, needs_browser, notebook_page, run_all_cells, write_notebook
 
 # The notebook that both tests run: a fit of a few seconds with Recorder, Progress and LivePlot.
 SETUP = f"""\
@@ -43,44 +35,6 @@ tr.fit({epochs})"""
 
 DONE = "print('ALL', 'DONE', plot.n_draws)"
 
-def write_notebook(path, cells):
-    import nbformat
-    nb = nbformat.v4.new_notebook(cells=[nbformat.v4.new_code_cell(c) for c in cells])
-    nb.metadata['kernelspec'] = {'name': KERNEL, 'display_name': 'trainer_nb test', 'language': 'python'}
-    nbformat.write(nb, str(path))
-
-def jupyter_env(tmp):
-    "Environment for a Jupyter server/client isolated in `tmp`, with a kernelspec for this venv's python."
-    prefix = tmp / 'kprefix'
-    subprocess.run([sys.executable, '-m', 'ipykernel', 'install', '--prefix', str(prefix), '--name', KERNEL,
-                    '--display-name', 'trainer_nb test'], check=True, capture_output=True)
-    spec = json.loads((prefix / 'share/jupyter/kernels' / KERNEL / 'kernel.json').read_text())
-    assert spec['argv'][0] == sys.executable
-    cfg = tmp / 'config'
-    (cfg / 'labconfig').mkdir(parents=True)
-    # no news pop-up in the screenshot (and no attempt to fetch news)
-    (cfg / 'labconfig/page_config.json').write_text(json.dumps(
-        {'disabledExtensions': {'@jupyterlab/apputils-extension:announcements': True}}))
-    return dict(os.environ, JUPYTER_PATH=str(prefix / 'share/jupyter'), JUPYTER_CONFIG_DIR=str(cfg),
-                JUPYTER_RUNTIME_DIR=str(tmp / 'runtime'), JUPYTER_DATA_DIR=str(tmp / 'data'),
-                IPYTHONDIR=str(tmp / 'ipython'), MPLBACKEND='Agg', PYTHONUNBUFFERED='1')
-
-def free_port():
-    with socket.socket() as s:
-        s.bind(('127.0.0.1', 0))
-        return s.getsockname()[1]
-
-def wait_for_server(proc, url, log, timeout=60):
-    end = time.time() + timeout
-    while time.time() < end:
-        if proc.poll() is not None: pytest.fail(f"JupyterLab exited early:\n{log.read_text()[-3000:]}")
-        try:
-            with urllib.request.urlopen(url, timeout=2) as r:
-                if r.status == 200: return
-        except OSError: pass
-        time.sleep(0.3)
-    pytest.fail(f"JupyterLab did not answer in {timeout}s:\n{log.read_text()[-3000:]}")
-
 JS_STATE = """() => {
   const p = document.querySelector('.trainer-nb-progress');
   const img = document.querySelector('img.trainer-nb-liveplot');
@@ -93,75 +47,41 @@ JS_STATE = """() => {
           text: outs.map(o => o.innerText).join('\\n')};
 }"""
 
-@pytest.mark.skipif(sync_playwright is None, reason="playwright (Python package) is not installed: pip install playwright")
-@pytest.mark.skipif(not os.path.exists(CHROMIUM), reason=f"{CHROMIUM} is missing: apt-get install -y chromium")
+@needs_browser
 def test_jupyterlab_live_dashboard_and_plot(tmp_path):
-    root = tmp_path / 'root'; root.mkdir()
-    env = jupyter_env(tmp_path)
-    write_notebook(root / 'run.ipynb', [SETUP, fit_cell(sleep=0.004, epochs=3), DONE])
-    port, token = free_port(), secrets.token_hex(16)
-    log = tmp_path / 'jupyterlab.log'
-    with open(log, 'w') as lf:
-        server = subprocess.Popen(
-            [sys.executable, '-m', 'jupyterlab', '--no-browser', '--ServerApp.ip=127.0.0.1', f'--ServerApp.port={port}',
-             '--ServerApp.port_retries=0', '--ServerApp.allow_root=True', '--ServerApp.terminals_enabled=False',
-             f'--IdentityProvider.token={token}', f'--ServerApp.root_dir={root}',
-             '--LabApp.expose_app_in_browser=True', '--KernelSpecManager.ensure_native_kernel=False',
-             f'--LabApp.workspaces_dir={tmp_path / "workspaces"}', '--LabApp.news_url=None'],
-            env=env, stdout=lf, stderr=subprocess.STDOUT, cwd=root)
-    try:
-        base = f'http://127.0.0.1:{port}'
-        wait_for_server(server, f'{base}/api/status?token={token}', log)
-        with sync_playwright() as pw:
-            browser = pw.chromium.launch(executable_path=CHROMIUM, args=[
-                '--headless', '--no-sandbox', '--disable-gpu', '--disable-quic', '--no-first-run',
-                '--disable-background-networking', '--disable-component-update', '--disable-sync'])
-            try:
-                page = browser.new_page(viewport={'width': 1280, 'height': 1100})
-                page.goto(f'{base}/lab/tree/run.ipynb?token={token}')
-                page.wait_for_function("() => window.jupyterapp && window.jupyterapp.shell.currentWidget"
-                                       " && window.jupyterapp.shell.currentWidget.sessionContext"
-                                       " && window.jupyterapp.shell.currentWidget.sessionContext.session"
-                                       " && window.jupyterapp.shell.currentWidget.sessionContext.session.kernel"
-                                       " && window.jupyterapp.shell.currentWidget.sessionContext.session.kernel.status === 'idle'",
-                                       timeout=60_000)
-                # don't wait for the command's promise: it resolves only when every cell has run
-                page.evaluate("() => { window.jupyterapp.commands.execute('notebook:run-all-cells'); }")
-                progress, srcs, shot_mid = [], [], None
-                end = time.time() + 90
-                while time.time() < end:
-                    st = page.evaluate(JS_STATE)
-                    if st['progress'] and (not progress or progress[-1] != st['progress']): progress.append(st['progress'])
-                    if st['img'] and (not srcs or srcs[-1] != st['img']): srcs.append(st['img'])
-                    if shot_mid is None and len(srcs) >= 3:
-                        shot_mid = tmp_path / 'jupyterlab_running.png'
-                        page.screenshot(path=str(shot_mid))
-                    if 'ALL DONE' in st['text'] or 'Error' in st['text']: break
-                    time.sleep(0.1)
-                time.sleep(0.5)   # let the last display update land
+    with lab_server(tmp_path) as server:
+        write_notebook(tmp_path / 'root/run.ipynb', [SETUP, fit_cell(sleep=0.004, epochs=3), DONE])
+        with notebook_page(server, 'run.ipynb') as page:
+            run_all_cells(page)
+            progress, srcs, shot_mid = [], [], None
+            end = time.time() + 90
+            while time.time() < end:
                 st = page.evaluate(JS_STATE)
-                shot = tmp_path / 'jupyterlab_done.png'
-                page.screenshot(path=str(shot), full_page=True)
-                print(f"\nscreenshots: {shot_mid} {shot}")
-            finally:
-                browser.close()
-        assert 'ALL DONE' in st['text'], f"the notebook did not finish:\n{st['text'][-3000:]}"
-        assert 'mode widget' in st['text']
-        # the dashboard advanced: several distinct texts, and the batch counter went up
-        assert len(progress) >= 3, progress
-        assert any('epoch' in p and '/250' in p for p in progress), progress
-        # the live image changed at least twice while training
-        assert len(srcs) >= 3, f"live plot image changed {len(srcs) - 1} times"
-        # afterwards: the widgets are gone, a static PNG and the static results table are in the output
-        assert st['progress'] is None and st['img'] is None, "the live widgets should be replaced at the end"
-        assert any(s.startswith('data:image/png') for s in st['static_imgs']), st['static_imgs']
-        assert any(w > 100 and h > 50 for w, h in st['static_sizes']), st['static_sizes']
-        assert st['done_html'] and st['done_html'][0].startswith('done'), st['done_html']
-        assert 'valid_loss' in st['done_html'][0]
-    finally:
-        server.terminate()
-        try: server.wait(timeout=15)
-        except subprocess.TimeoutExpired: server.kill(); server.wait()
+                if st['progress'] and (not progress or progress[-1] != st['progress']): progress.append(st['progress'])
+                if st['img'] and (not srcs or srcs[-1] != st['img']): srcs.append(st['img'])
+                if shot_mid is None and len(srcs) >= 3:
+                    shot_mid = tmp_path / 'jupyterlab_running.png'
+                    page.screenshot(path=str(shot_mid))
+                if 'ALL DONE' in st['text'] or 'Error' in st['text']: break
+                time.sleep(0.1)
+            time.sleep(0.5)   # let the last display update land
+            st = page.evaluate(JS_STATE)
+            shot = tmp_path / 'jupyterlab_done.png'
+            page.screenshot(path=str(shot), full_page=True)
+            print(f"\nscreenshots: {shot_mid} {shot}")
+    assert 'ALL DONE' in st['text'], f"the notebook did not finish:\n{st['text'][-3000:]}"
+    assert 'mode widget' in st['text']
+    # the dashboard advanced: several distinct texts, and the batch counter went up
+    assert len(progress) >= 3, progress
+    assert any('epoch' in p and '/250' in p for p in progress), progress
+    # the live image changed at least twice while training
+    assert len(srcs) >= 3, f"live plot image changed {len(srcs) - 1} times"
+    # afterwards: the widgets are gone, a static PNG and the static results table are in the output
+    assert st['progress'] is None and st['img'] is None, "the live widgets should be replaced at the end"
+    assert any(s.startswith('data:image/png') for s in st['static_imgs']), st['static_imgs']
+    assert any(w > 100 and h > 50 for w, h in st['static_sizes']), st['static_sizes']
+    assert st['done_html'] and st['done_html'][0].startswith('done'), st['done_html']
+    assert 'valid_loss' in st['done_html'][0]
 
 def test_nbclient_saved_notebook_keeps_static_png(tmp_path, monkeypatch):
     import nbformat

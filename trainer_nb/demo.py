@@ -5,17 +5,18 @@
 # %% auto #0
 __all__ = ['digits_dls', 'digits_model', 'accuracy', 'run', 'main']
 
-# %% ../nbs/08_demo.ipynb #f9bada34
+# %% ../nbs/08_demo.ipynb #34df123e
 import argparse, sys
 
-# %% ../nbs/08_demo.ipynb #eddc9e19
+# %% ../nbs/08_demo.ipynb #2a2bd1d1
 import torch
 import torch.nn.functional as F
 from torch import nn
 from torch.utils.data import DataLoader, TensorDataset
 from .core import Trainer
+import trainer_nb.schedule, trainer_nb.lr_find   # add fit_one_cycle and lr_find to Trainer
 
-# %% ../nbs/08_demo.ipynb #05cdc3f7
+# %% ../nbs/08_demo.ipynb #626aa160
 def digits_dls(bs: int = 64, valid_pct: float = 0.2, seed: int = 0, flat: bool = True):
     "Train and validation `DataLoader`s over scikit-learn's bundled digits (no download)."
     try: from sklearn.datasets import load_digits
@@ -34,7 +35,7 @@ def digits_dls(bs: int = 64, valid_pct: float = 0.2, seed: int = 0, flat: bool =
                        generator=torch.Generator().manual_seed(seed)),
             DataLoader(TensorDataset(x[va], y[va]), batch_size=bs * 2))
 
-# %% ../nbs/08_demo.ipynb #792afbbd
+# %% ../nbs/08_demo.ipynb #8b952a4a
 def digits_model(hidden: int = 128, p: float = 0.1) -> nn.Module:
     "A small MLP for 8x8 digits."
     return nn.Sequential(nn.Linear(64, hidden), nn.ReLU(), nn.Dropout(p), nn.Linear(hidden, 10))
@@ -43,12 +44,12 @@ def accuracy(preds, targets):
     "Share of samples whose highest-scoring class is the target."
     return (preds.argmax(dim=-1) == targets).float().mean()
 
-# %% ../nbs/08_demo.ipynb #9b5cda55
+# %% ../nbs/08_demo.ipynb #9cc2d0c5
 def run(argv=None) -> dict:
     "Train a small classifier on the bundled digits, print and return the validation results."
     p = argparse.ArgumentParser(prog='trainer_nb_demo', description=run.__doc__)
     p.add_argument('--epochs', type=int, default=5)
-    p.add_argument('--lr', type=float, default=1e-2)
+    p.add_argument('--lr', type=float, default=None, help='peak LR of the one-cycle schedule (default: the LR finder\'s valley)')
     p.add_argument('--bs', type=int, default=64)
     p.add_argument('--seed', type=int, default=0)
     p.add_argument('--cpu', action='store_true', help='train on the CPU even if a GPU is there')
@@ -57,10 +58,13 @@ def run(argv=None) -> dict:
     a = p.parse_args(argv)
     torch.manual_seed(a.seed)
     train_dl, valid_dl = digits_dls(a.bs, seed=a.seed)
-    trainer = Trainer(digits_model(), train_dl, valid_dl, loss_func=F.cross_entropy, lr=a.lr,
+    trainer = Trainer(digits_model(), train_dl, valid_dl, loss_func=F.cross_entropy, lr=a.lr or 1e-3,
                       metrics=[accuracy], cpu=a.cpu, mixed_precision=a.mixed_precision)
-    fit = getattr(trainer, 'fit_one_cycle', trainer.fit)
-    fit(a.epochs, a.lr)
+    lr = a.lr
+    if lr is None:
+        lr = trainer.lr_find(show=False).valley
+        if trainer.is_main_process: print(f"LR finder: valley at {lr:.3g}")
+    trainer.fit_one_cycle(a.epochs, lr)
     res = trainer.evaluate()
     if trainer.is_main_process:
         print(f"digits: valid_loss {res['valid_loss']:.4f}, accuracy {res['accuracy']:.4f} "

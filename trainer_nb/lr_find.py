@@ -9,12 +9,12 @@ from dataclasses import dataclass, field
 
 # %% auto #0
 __all__ = ['MIN_POINTS', 'SUGGESTIONS', 'suggest_minimum', 'suggest_steep', 'suggest_valley', 'suggest_slide', 'suggest',
-           'LRFindResult', 'LRFindWidget', 'lr_find']
+           'LRFindResult', 'LRFindWidget']
 
 # %% ../nbs/05_lr_find.ipynb #82eecdd7
 import numpy as np
 import torch
-from .core import Trainer, Hook, CancelFit
+from .core import Trainer, Hook, CancelFit, patch_to
 
 # %% ../nbs/05_lr_find.ipynb #ee9e32a9
 MIN_POINTS = 5   # a curve with fewer usable points gives no suggestion
@@ -347,6 +347,7 @@ def _in_notebook() -> bool:
     ip = ip.get_ipython() if ip is not None else None
     return ip is not None and 'IPKernelApp' in getattr(ip, 'config', {})
 
+@patch_to(Trainer)
 def lr_find(self: Trainer, start_lr: float = 1e-7, end_lr: float = 10, num_it: int = 100, beta: float = 0.98,
             div: float = 4., show: bool = True, suggest_funcs=tuple(SUGGESTIONS)) -> LRFindResult:
     "Sweep the LR exponentially from `start_lr` to `end_lr` over `num_it` optimizer steps; restore everything; suggest LRs."
@@ -378,7 +379,9 @@ def lr_find(self: Trainer, start_lr: float = 1e-7, end_lr: float = 10, num_it: i
         except TypeError: n = 0
         self.fit(math.ceil(num_it * self.grad_accum / n) + 1 if n else sys.maxsize)
     finally:
-        if bar is not None: bar.close()
+        if bar is not None:
+            if sweep.stop: bar.total = bar.n   # stopping early is normal: don't leave a 'failed' (red) bar behind
+            bar.close()
         snap.restore()
     losses = sweep.smooth + [math.nan] * (len(sweep.raw) - len(sweep.smooth))   # the NaN step, if any
     res = LRFindResult(list(sweep.lrs), losses, list(sweep.raw), {}, sweep.stop or '', self)
@@ -392,5 +395,3 @@ def lr_find(self: Trainer, start_lr: float = 1e-7, end_lr: float = 10, num_it: i
             display(res.widget)
         else: print(res.summary(), flush=True)
     return res
-
-Trainer.lr_find = lr_find
