@@ -14,6 +14,7 @@ def test_docs_site_builds():
     home = (site / 'index.html').read_text()
     for m in modules: assert f'href="{m}.html"' in home, f"{m} missing from the navigation"
     core = (site / 'core.html').read_text()
-    assert re.search(r'<h3[^>]*>Trainer', core) and 'describe_hooks' in core     # show_doc output is there
+    assert re.search(r'id="trainer">Trainer<', core)                             # show_doc output is there,
+    assert re.search(r'id="describe-hooks">describe_hooks<', core)                # patched methods included
     assert 'show_doc(' not in core and '#| ' not in core                        # ... without its input cells
     assert (site / 'searchindex.js').exists()

@@ -12,6 +12,7 @@ from .schedule import *
 from .progress import *
 from .liveplot import *
 from .lr_find import *
+from .checkpoint import *
 # a new module: add its `from trainer_nb.module import *` line above
 
 # %% ../nbs/09_all.ipynb #43572147

@@ -1,0 +1,291 @@
+"""Checkpoints: exact resume after SIGKILL (subprocesses), kills while saving, SIGTERM/SIGINT, hostile and broken
+checkpoints, rotation, early stopping, metrics.jsonl."""
+import json
+import os
+import pickle
+import random
+import signal
+import subprocess
+import sys
+import time
+import warnings
+
+import pandas as pd
+import pytest
+import torch
+import torch.nn.functional as F
+from safetensors.torch import load_file
+from torch.utils.data import DataLoader
+
+from conftest import REPO, flat, regression_ds, small_model
+
+SCRIPT = str(REPO / 'tests' / 'ckpt_script.py')
+pytestmark = pytest.mark.usefixtures('fresh_accelerate')
+
+
+def run(cfg, timeout=120):
+    p = subprocess.run([sys.executable, SCRIPT, json.dumps(cfg)], capture_output=True, text=True, timeout=timeout, cwd=REPO)
+    return p
+
+
+def report(p):
+    line = [l for l in p.stdout.splitlines() if l.startswith('REPORT')]
+    return json.loads(line[-1][len('REPORT '):]) if line else None
+
+
+def assert_same(out_a, out_b):
+    "Bitwise equal weights; equal counters, per-step records, epoch table and metrics.jsonl lines."
+    wa, wb = load_file(out_a + '.safetensors'), load_file(out_b + '.safetensors')
+    assert wa.keys() == wb.keys()
+    for k in wa: assert torch.equal(wa[k], wb[k]), k
+    ra, rb = json.load(open(out_a + '.json')), json.load(open(out_b + '.json'))
+    assert ra['state'] == rb['state']
+    assert pd.DataFrame(ra['steps']).equals(pd.DataFrame(rb['steps']))
+    assert pd.DataFrame(ra['history']).equals(pd.DataFrame(rb['history']))
+    ma, mb = pd.DataFrame(ra['metrics']), pd.DataFrame(rb['metrics'])
+    assert ma.equals(mb)
+    train_steps = list(mb[mb.kind == 'train'].step)
+    assert train_steps == sorted(set(train_steps))   # no duplicated step in the log
+    return ra, rb
+
+
+_refs = {}
+def reference(tmp_path_factory, **cfg):
+    "An uninterrupted run with no Checkpoint hook (cached per configuration)."
+    key = json.dumps(cfg, sort_keys=True)
+    if key not in _refs:
+        d = tmp_path_factory.mktemp('ref')
+        p = run({**cfg, 'dir': str(d), 'out': str(d / 'out'), 'ckpt': False})
+        assert p.returncode == 0, p.stderr
+        _refs[key] = str(d / 'out')
+    return _refs[key]
+
+
+def ckpt_iteration(path) -> int:
+    return json.loads((path / 'trainer_state.json').read_text())['state']['iteration']
+
+
+@pytest.mark.parametrize('accum,sched,every,seed', [(1, 'none', 1, 0), (3, 'none', 2, 3), (2, 'onecycle', 3, 7),
+                                                    (1, 'fit_one_cycle', 2, 11)],
+                         ids=['plain', 'grad_accum', 'one_cycle', 'fit_one_cycle_resume'])
+def test_sigkill_then_resume_is_bitwise_exact(tmp_path, tmp_path_factory, accum, sched, every, seed):
+    from trainer_nb.checkpoint import list_checkpoints
+    cfg = {'epochs': 3, 'accum': accum, 'sched': sched}
+    # the reference uses fit_one_cycle; the interrupted run the same schedule through scheduler=one_cycle(),
+    # or fit_one_cycle(..., resume='last') itself
+    ref = reference(tmp_path_factory, **{**cfg, 'sched': 'fit_one_cycle' if sched == 'onecycle' else sched})
+    kill_at = random.Random(seed).randint(13, 33)   # 36 batches in all: 12 per epoch, shuffled, with dropout
+    d, out = tmp_path / 'run', str(tmp_path / 'out')
+    p = run({**cfg, 'dir': str(d), 'out': out, 'kill_at': kill_at, 'every_steps': every})
+    assert p.returncode == -signal.SIGKILL, p.stderr
+    last = list_checkpoints(d)[-1]
+    done = ckpt_iteration(last)
+    assert 0 < done <= kill_at
+    assert json.loads((last / 'trainer_state.json').read_text())['position'][1] > 0   # it resumes mid-epoch
+    p = run({**cfg, 'dir': str(d), 'out': out, 'resume': 'last', 'every_steps': every})
+    assert p.returncode == 0, p.stderr
+    assert report(p)['batches_run'] == 36 - done   # it really continued from the checkpoint, not from scratch
+    ra, rb = assert_same(ref, out)
+    assert rb['state']['iteration'] == 36 and rb['state']['step'] == 3 * -(-12 // accum)
+
+
+def test_kill_repeatedly_while_saving(tmp_path, tmp_path_factory):
+    "A model large enough that saving takes most of the time, a save every step, SIGKILL at random moments."
+    from trainer_nb.checkpoint import list_checkpoints
+    cfg = {'epochs': 3, 'hidden': 1 << 17, 'every_steps': 1}
+    ref = reference(tmp_path_factory, **cfg)
+    d, out = tmp_path / 'run', str(tmp_path / 'out')
+    rng, mid_save, kills = random.Random(5), 0, 0
+    for _ in range(8):
+        resume = 'last' if list_checkpoints(d) else None
+        p = subprocess.Popen([sys.executable, SCRIPT, json.dumps({**cfg, 'dir': str(d), 'out': out, 'resume': resume,
+                                                                 'ready_first': True})],
+                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=REPO)
+        line = p.stdout.readline()
+        if line.startswith('REPORT') and json.loads(line[7:])['batches_run'] == 0:
+            p.wait(); break                # resumed from the final checkpoint: nothing left to train
+        if not line.startswith('READY'):   # the resume itself failed
+            p.wait(); raise AssertionError(f"no READY: {line!r} {p.stderr.read()}")
+        time.sleep(rng.uniform(0.05, 0.5))
+        p.send_signal(signal.SIGKILL)
+        p.communicate()
+        if p.returncode == -signal.SIGKILL:
+            kills += 1
+            mid_save += any(x.name.startswith('.tmp-step-') for x in d.iterdir())
+        else: assert p.returncode == 0
+    assert kills >= 3 and mid_save >= 1, (kills, mid_save)   # some kills did land in the middle of a save
+    p = run({**cfg, 'dir': str(d), 'out': out, 'resume': 'last'})
+    assert p.returncode == 0, p.stderr
+    assert_same(ref, out)
+    assert not any(x.name.startswith(('.tmp-', '.trash-')) for x in d.iterdir())
+
+
+@pytest.mark.parametrize('sig', ['SIGTERM', 'SIGINT'])
+def test_signal_saves_at_step_boundary_and_stops(tmp_path, tmp_path_factory, sig):
+    from trainer_nb.checkpoint import list_checkpoints
+    cfg = {'epochs': 3, 'accum': 2}
+    ref = reference(tmp_path_factory, **cfg)
+    d, out = tmp_path / 'run', str(tmp_path / 'out')
+    p = subprocess.Popen([sys.executable, SCRIPT, json.dumps({**cfg, 'dir': str(d), 'out': out, 'slow': 0.02,
+                                                             'ready_at': 5, 'every_steps': 100})],
+                         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=REPO)
+    assert p.stdout.readline().startswith('READY')
+    p.send_signal(getattr(signal, sig))
+    stdout, stderr = p.communicate(timeout=60)
+    rep = json.loads([l for l in stdout.splitlines() if l.startswith('REPORT')][0][7:])
+    exc = 'SystemExit' if sig == 'SIGTERM' else 'KeyboardInterrupt'
+    assert rep['events'] == [['after_cancel', exc], ['after_fit', False]]
+    if sig == 'SIGTERM': assert p.returncode == 143
+    else: assert p.returncode != 0 and 'KeyboardInterrupt: SIGINT: saved' in stderr
+    cks = list_checkpoints(d)
+    assert [c.name for c in cks] == [rep['last']]   # the one save: the signal's, at a real optimizer step
+    st = json.loads((cks[0] / 'trainer_state.json').read_text())
+    assert st['state']['iteration'] % 2 == 0 and st['state']['iteration'] >= 6   # a whole accumulation group
+    assert not (d / 'LOCK').exists()
+    p = run({**cfg, 'dir': str(d), 'out': out, 'resume': 'last'})
+    assert p.returncode == 0, p.stderr
+    assert_same(ref, out)
+
+
+# ---- in-process tests ----
+
+def make(tmp_path, hooks=(), model=None, **kw):
+    from trainer_nb.core import Trainer
+    torch.manual_seed(0)
+    kw.setdefault('loss_func', F.mse_loss)
+    return Trainer(model or small_model(), DataLoader(regression_ds(48), batch_size=8, shuffle=True),
+                   DataLoader(regression_ds(16, seed=1), batch_size=8), hooks=list(hooks), default_hooks=False, **kw)
+
+
+def test_names_are_optimizer_steps_no_duplicates_under_accumulation(tmp_path):
+    from trainer_nb.checkpoint import Checkpoint, list_checkpoints
+    ck = Checkpoint(tmp_path, every_steps=1, keep_last=None)
+    t = make(tmp_path, [ck], grad_accum=4)   # 6 batches per epoch: steps after batches 4 and 6
+    t.fit(2)
+    assert [p.name for p in list_checkpoints(tmp_path)] == [f'step-{i:08d}' for i in (1, 2, 3, 4)]
+    # step 2 ends epoch 0: the end-of-epoch save replaced the periodic one and records the next epoch's start
+    assert json.loads((tmp_path / 'step-00000002' / 'trainer_state.json').read_text())['position'] == [1, 0]
+    assert json.loads((tmp_path / 'step-00000001' / 'trainer_state.json').read_text())['position'] == [0, 4]
+
+
+def test_every_seconds_keep_last_and_best(tmp_path):
+    from trainer_nb.checkpoint import Checkpoint, list_checkpoints
+    from trainer_nb.core import Hook
+    vals = iter([3., 1., 2., 5.])
+    def score(preds, targets): return next(vals)
+    ck = Checkpoint(tmp_path, every_seconds=0, keep_last=2, monitor='score', mode='min')
+    t = make(tmp_path, [ck], metrics=[score])
+    t.fit(4)   # 6 steps per epoch, a save after each (every_seconds=0)
+    names = [p.name for p in list_checkpoints(tmp_path)]
+    assert names == ['step-00000012', 'step-00000023', 'step-00000024']   # the best (epoch 1) and the last two
+    assert ck.best.name == 'step-00000012' and json.loads((tmp_path / 'best.json').read_text())['value'] == 1.
+
+
+def test_load_best_at_end(tmp_path):
+    from trainer_nb.checkpoint import Checkpoint
+    vals = iter([3., 1., 2.])
+    def score(preds, targets): return next(vals)
+    t = make(tmp_path, [Checkpoint(tmp_path, monitor='score', load_best_at_end=True)], metrics=[score])
+    snaps = []
+    from trainer_nb.core import Hook
+    class Snap(Hook):
+        order = 99
+        def after_epoch(self): snaps.append(flat(self.trainer.model))
+    t.add_hooks(Snap())
+    t.fit(3)
+    assert torch.equal(flat(t.model), snaps[1]) and not torch.equal(snaps[1], snaps[2])
+
+
+def test_hostile_pickle_does_not_run(tmp_path):
+    "A checkpoint file crafted to run code on load: the code does not run (manifest forged to match)."
+    from trainer_nb.checkpoint import Checkpoint, list_checkpoints, _seal
+    marker = tmp_path / 'pwned'
+    class Evil:
+        def __reduce__(self): return (os.system, (f'touch {marker}',))
+    for victim in ('optimizer.bin', 'random_states_0.pkl'):
+        make(tmp_path, [Checkpoint(tmp_path / victim, every_steps=2)]).fit(1)
+        last = list_checkpoints(tmp_path / victim)[-1]
+        torch.save({'state': Evil()}, last / victim)
+        os.remove(last / 'manifest.json'); _seal(last, True)   # an attacker can rewrite the manifest too
+        t2 = make(tmp_path, [Checkpoint(tmp_path / victim)])
+        if victim == 'optimizer.bin':
+            with pytest.raises(pickle.UnpicklingError): t2.fit(1, resume='last')
+        else: t2.fit(1, resume='last')   # Accelerate's generator file is refused; ours (JSON) is used
+        assert not marker.exists()
+
+
+def test_truncated_checkpoint_clear_error_previous_usable(tmp_path):
+    from trainer_nb.checkpoint import Checkpoint, list_checkpoints
+    t = make(tmp_path, [Checkpoint(tmp_path, every_steps=2, keep_last=3)])
+    t.fit(1)
+    cks = list_checkpoints(tmp_path)
+    f = cks[-1] / 'model.safetensors'
+    f.write_bytes(f.read_bytes()[:-10])
+    t2 = make(tmp_path, [Checkpoint(tmp_path)])
+    before = flat(t2.model)
+    with pytest.raises(ValueError, match=r'model.safetensors has \d+ bytes.*truncated.*previous checkpoint .*step-00000004'):
+        t2.fit(1, resume='last')
+    assert torch.equal(flat(t2.model), before)   # nothing was loaded
+    t2.fit(1, resume=cks[-2])
+    assert t2.state.step == 6
+    # a flipped byte of the same size: the checksum catches it
+    f = cks[-2] / 'optimizer.bin'
+    b = bytearray(f.read_bytes()); b[len(b) // 2] ^= 0xFF; f.write_bytes(bytes(b))
+    with pytest.raises(ValueError, match='SHA-256'): make(tmp_path).fit(1, resume=cks[-2])
+
+
+def test_other_shape_lists_keys(tmp_path):
+    from trainer_nb.checkpoint import Checkpoint, list_checkpoints, load_weights
+    t = make(tmp_path, [Checkpoint(tmp_path)])
+    t.fit(1)
+    path = list_checkpoints(tmp_path)[-1]
+    other = torch.nn.Sequential(torch.nn.Linear(5, 8), torch.nn.Tanh(), torch.nn.Linear(8, 2), torch.nn.Linear(2, 1))
+    with pytest.raises(ValueError) as e: load_weights(other, path)
+    msg = str(e.value)
+    assert "missing keys" in msg and "'3.weight'" in msg and "2.weight: checkpoint (1, 8), model (2, 8)" in msg
+    with pytest.raises(ValueError, match='fit the model'): make(tmp_path, model=other).fit(1, resume=path)
+    fewer = torch.nn.Sequential(torch.nn.Linear(5, 8))
+    with pytest.raises(ValueError, match=r"unexpected keys.*'2.bias'"): load_weights(fewer, path)
+    res = load_weights(fewer, path, strict=False)
+    assert torch.equal(fewer[0].weight, t.unwrapped_model[0].weight) and '2.weight' in res.unexpected_keys
+
+
+def test_lock_file(tmp_path):
+    from trainer_nb.checkpoint import Checkpoint
+    live = subprocess.Popen(['sleep', '30'])
+    try:
+        import socket
+        (tmp_path / 'LOCK').write_text(json.dumps({'pid': live.pid, 'host': socket.gethostname()}))
+        with pytest.raises(RuntimeError, match=f'in use by process {live.pid}'): make(tmp_path, [Checkpoint(tmp_path)]).fit(1)
+    finally: live.kill(); live.wait()
+    with pytest.warns(UserWarning, match=f'left by process {live.pid}, which is gone'):
+        make(tmp_path, [Checkpoint(tmp_path)]).fit(1)
+    assert not (tmp_path / 'LOCK').exists()
+
+
+def test_early_stopping(tmp_path):
+    from trainer_nb.checkpoint import EarlyStopping
+    from trainer_nb.core import CancelFit
+    from trainer_nb.recorder import Recorder
+    vals = iter([1., 2., 2.05, 1.9, 1.8, 3., 3.])
+    def acc(preds, targets): return next(vals)
+    es = EarlyStopping('acc', mode='max', patience=2, min_delta=0.1)
+    t = make(tmp_path, [Recorder(), es], metrics=[acc])
+    t.fit(7)
+    assert isinstance(t.cancelled, CancelFit) and 'best 2 at epoch 1' in str(t.cancelled)
+    assert t.state.epoch == 3 and len(t.history) == 4 and es.state_dict() == {'best': 2., 'best_epoch': 1, 'wait': 2}
+
+
+def test_metrics_log_and_reader(tmp_path):
+    from trainer_nb.checkpoint import MetricsLog, read_metrics
+    t = make(tmp_path, [MetricsLog(tmp_path, every_steps=4)])
+    t.fit(2)
+    with open(tmp_path / 'metrics.jsonl', 'a') as f: f.write('{"kind": "train", "st')   # a line cut by a crash
+    df = read_metrics(tmp_path)
+    assert list(df.kind) == ['train', 'epoch', 'train', 'train', 'epoch']
+    assert list(df.step) == [4, 6, 8, 12, 12]
+    # the logged loss is the mean of the batch losses since the previous line
+    vals = t.losses.values
+    assert df.loss[0] == pytest.approx(vals[:4].double().mean().item())
+    assert df.loss[2] == pytest.approx(vals[4:8].double().mean().item())
+    assert df[df.kind == 'epoch'].train_loss.tolist() == pytest.approx([vals[:6].mean().item(), vals[6:].mean().item()])
