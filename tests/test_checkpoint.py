@@ -289,3 +289,93 @@ def test_metrics_log_and_reader(tmp_path):
     assert df.loss[0] == pytest.approx(vals[:4].double().mean().item())
     assert df.loss[2] == pytest.approx(vals[4:8].double().mean().item())
     assert df[df.kind == 'epoch'].train_loss.tolist() == pytest.approx([vals[:6].mean().item(), vals[6:].mean().item()])
+
+
+# ---- run directory config, experiment trackers ----
+
+def augment(x): return x   # a config value JSON can't hold: written as its repr
+
+
+def test_config_json_and_differences_on_resume(tmp_path, capsys):
+    from trainer_nb.checkpoint import Checkpoint, list_checkpoints
+    from trainer_nb.schedule import one_cycle
+    def mae(preds, targets): return (preds - targets).abs().mean()
+    def trainer(lr, data):
+        ck = Checkpoint(tmp_path, every_steps=2, keep_last=None, config={'data': data, 'seed': 0, 'augment': augment})
+        return make(tmp_path, [ck], lr=lr, metrics=[mae], grad_accum=2, scheduler=one_cycle())
+    trainer(1e-2, 'v1').fit(2)
+    cfg = json.loads((tmp_path / 'config.json').read_text())
+    assert (cfg['data'], cfg['seed'], cfg['augment']) == ('v1', 0, '<function augment>')
+    tr = cfg['trainer']
+    assert tr['model'] == 'Sequential' and tr['parameters'] == 5 * 8 + 8 + 8 + 1
+    assert tr['optimizer']['class'] == 'AdamW' and tr['optimizer']['lr'] == 0.01 and tr['optimizer']['weight_decay'] == 0.01
+    assert tr['lr'] == 0.01 and tr['epochs'] == 2 and tr['grad_accum'] == 2 and tr['mixed_precision'] == 'no'
+    assert tr['max_grad_norm'] is None and tr['scheduler'].startswith('functools.partial(<function _one_cycle>, ')
+    assert tr['loss_func'] == 'mse_loss' and tr['metrics'] == ['mae'] and tr['hooks'] == ['Checkpoint']
+    assert tr['batch_size'] == 8 and tr['train_samples'] == 48 and tr['num_processes'] == 1
+    assert capsys.readouterr().out == ''
+    mid = list_checkpoints(tmp_path)[0]   # step 2 of 6: mid-epoch 0 (3 steps per epoch)
+    assert json.loads((mid / 'trainer_state.json').read_text())['position'] == [0, 4]
+    # resumed with another LR and another data set: the differences are printed, and config.json holds the new config
+    t2 = trainer(2e-2, 'v2')
+    with pytest.warns(UserWarning, match=r'changed config \(2 differences: data, trainer.optimizer.lr\)'):
+        t2.fit(2, resume=mid)
+    out = capsys.readouterr().out.splitlines()
+    assert out[0] == f"Resuming step-00000002 with a config that differs from {tmp_path / 'config.json'}:"
+    assert out[1:] == ['  data: "v1" -> "v2"', '  trainer.optimizer.lr: 0.01 -> 0.02']
+    cfg2 = json.loads((tmp_path / 'config.json').read_text())
+    assert cfg2['data'] == 'v2' and cfg2['trainer']['optimizer']['lr'] == 0.02
+    assert cfg2['trainer']['lr'] == 0.01   # the LR this fit trains at: the checkpoint's
+    assert t2.state.step == 6 and not list(tmp_path.glob('.config*'))
+    # the same config again (functions and the scheduler factory give the same text): nothing printed, no warning
+    with warnings.catch_warnings():
+        warnings.simplefilter('error')
+        trainer(2e-2, 'v2').fit(2, resume=mid)
+    assert capsys.readouterr().out == '' and json.loads((tmp_path / 'config.json').read_text()) == cfg2
+    with pytest.raises(ValueError, match="'trainer' is reserved"): Checkpoint(tmp_path, config={'trainer': 1})
+
+
+def test_accelerator_with_automatic_checkpoint_naming_refused(tmp_path):
+    from accelerate import Accelerator
+    from accelerate.utils import ProjectConfiguration
+    from trainer_nb.checkpoint import Checkpoint
+    acc = Accelerator(project_config=ProjectConfiguration(project_dir=str(tmp_path), automatic_checkpoint_naming=True))
+    with pytest.raises(ValueError, match='automatic_checkpoint_naming'):
+        make(tmp_path, [Checkpoint(tmp_path / 'run')], accelerator=acc).fit(1)
+
+
+def test_metrics_log_to_tensorboard(tmp_path):
+    "Accelerate's TensorBoard tracker, for real: the event files hold the records of metrics.jsonl, at the same steps."
+    pytest.importorskip('tensorboard')
+    from accelerate import Accelerator
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+    from trainer_nb.checkpoint import MetricsLog, read_metrics
+    def mae(preds, targets): return (preds - targets).abs().mean()
+    acc = Accelerator(log_with='tensorboard', project_dir=str(tmp_path / 'tb'))
+    acc.init_trackers('run1')
+    t = make(tmp_path, [MetricsLog(tmp_path, every_steps=4)], metrics=[mae], accelerator=acc)
+    t.fit(3)
+    acc.end_training()
+    ea = EventAccumulator(str(tmp_path / 'tb' / 'run1'), size_guidance={'scalars': 0})
+    ea.Reload()
+    df = read_metrics(tmp_path)
+    train, epoch = df[df.kind == 'train'], df[df.kind == 'epoch']
+    assert list(train.step) == [4, 8, 12, 16] and list(epoch.step) == [6, 12, 18]
+    assert sorted(ea.Tags()['scalars']) == ['epoch/mae', 'epoch/train_loss', 'epoch/valid_loss', 'train/loss', 'train/lr']
+    for tag, rows, col in [('train/loss', train, 'loss'), ('train/lr', train, 'lr'), ('epoch/train_loss', epoch, 'train_loss'),
+                           ('epoch/valid_loss', epoch, 'valid_loss'), ('epoch/mae', epoch, 'mae')]:
+        ev = ea.Scalars(tag)
+        assert [e.step for e in ev] == list(rows.step), tag
+        assert [e.value for e in ev] == pytest.approx(list(rows[col]), rel=1e-6), tag   # float32 in event files
+
+
+def test_metrics_log_trackers_not_started_warns(tmp_path):
+    pytest.importorskip('tensorboard')
+    from accelerate import Accelerator
+    from trainer_nb.checkpoint import MetricsLog
+    acc = Accelerator(log_with='tensorboard', project_dir=str(tmp_path / 'tb'))
+    with pytest.warns(UserWarning, match=r"log_with=\['tensorboard'\] but no tracker started"):
+        make(tmp_path, [MetricsLog(tmp_path)], accelerator=acc).fit(1)
+    with warnings.catch_warnings():
+        warnings.simplefilter('error')
+        make(tmp_path, [MetricsLog(tmp_path, trackers=False)], accelerator=acc).fit(1)

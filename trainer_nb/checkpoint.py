@@ -5,11 +5,12 @@
 # %% ../nbs/06_checkpoint.ipynb #0e49455d
 from __future__ import annotations
 import base64, hashlib, json, math, os, random, re, shutil, signal, socket, threading, time, warnings
+from collections.abc import Mapping
 from pathlib import Path
 
 # %% auto #0
 __all__ = ['rng_state', 'set_rng_state', 'list_checkpoints', 'verify_checkpoint', 'save_checkpoint', 'load_weights', 'resume_fit',
-           'Checkpoint', 'EarlyStopping', 'MetricsLog', 'read_metrics']
+           'run_config', 'config_diff', 'Checkpoint', 'EarlyStopping', 'MetricsLog', 'read_metrics']
 
 # %% ../nbs/06_checkpoint.ipynb #77d58462
 import numpy as np
@@ -151,10 +152,10 @@ def save_checkpoint(trainer: Trainer, path,
     acc.wait_for_everyone()
     cur = rng_state(t._train_dataloader(t.train_dl) if t.train_dl is not None else None)
     _write_json(tmp / f'rng_{acc.process_index}.json', {'current': cur, 'epoch_start': epoch_rng})
+    from safetensors.torch import save
+    (tmp / f'losses_{acc.process_index}.safetensors').write_bytes(save({'losses': t.losses.values.contiguous()}))
     acc.save_state(str(tmp), safe_serialization=True)
     if acc.is_main_process:
-        from safetensors.torch import save_file
-        save_file({'losses': t.losses.values.contiguous()}, str(tmp / 'losses.safetensors'))
         hooks = {k: _jsonable(h.state_dict(), f"{k}.state_dict()") for k, h in _hook_key(t.hooks)}
         state = {'format': 1, 'state': s.state_dict(), 'position': list(position), 'base_lrs': list(t._base_lrs),
                  'scheduler': None if t.scheduler is None else _jsonable(t.scheduler.state_dict(), "the scheduler's state"),
@@ -238,14 +239,18 @@ def resume_fit(trainer: Trainer, resume):
     t._base_lrs = list(st['base_lrs'])
     from safetensors.torch import load_file
     log = t.losses
-    vals = load_file(str(path / 'losses.safetensors'))['losses']
+    # this process's losses (`losses.safetensors`: a checkpoint of one writer; process 0's: a run on more processes)
+    names = [f'losses_{acc.process_index}.safetensors', 'losses_0.safetensors', 'losses.safetensors']
+    file = next((path / n for n in names if (path / n).is_file()), None)
+    vals = load_file(str(file))['losses'] if file is not None else torch.zeros(0)
     log.pending.clear(); log.unchecked.clear(); log.skipped = set()
     log.chunks, log.n = ([vals] if len(vals) else []), len(vals)
     # counters; the epoch (and batch) where the interrupted fit continues
     s.load_state_dict({k: v for k, v in st['state'].items() if hasattr(s, k)})
     epoch, done = st['position']
     s.epochs = st['fit_start'] + epochs
-    if epoch < s.epochs: s.epoch, s.batch, s.opt_stepped = epoch, 0, False
+    # the counters are as they were at the save (`opt_stepped` included: a hook may read it before the next batch)
+    if epoch < s.epochs: s.epoch, s.batch = epoch, 0
     else: s.epoch = epoch   # nothing left to train: the counters stay as the fit left them
     acc.step = st['accum_step']
     names = dict(_hook_key(t.hooks))
@@ -254,7 +259,7 @@ def resume_fit(trainer: Trainer, resume):
         if k in st['hooks']: h.load_state_dict(st['hooks'][k])
         elif h.state_dict(): warnings.warn(f"The checkpoint holds no state for hook {k}: it starts afresh")
     for h in t.hooks:
-        if _is_checkpoint(h): h._resumed(st, rng['epoch_start'] if done else None)
+        if _is_checkpoint(h): h._resumed(st, rng['epoch_start'] if done else None, path)
     if done:
         def _epoch_iter(dl):
             set_rng_state(rng['epoch_start'], dl)   # the epoch's data order, as when it started
@@ -269,6 +274,64 @@ def resume_fit(trainer: Trainer, resume):
     else: set_rng_state(rng['current'], t._train_dataloader(t.train_dl))
     return path
 
+# %% ../nbs/06_checkpoint.ipynb #c15acee8
+_ADDR = re.compile(r' at 0x[0-9a-fA-F]+')
+
+def _config_value(v):
+    "`v` as JSON: numbers, strings, lists and dicts as they are, anything else as its `repr` (memory addresses left out)."
+    if v is None or isinstance(v, (bool, int, str)): return v
+    if isinstance(v, float): return v if math.isfinite(v) else repr(v)
+    if isinstance(v, (torch.Tensor, np.ndarray, np.generic)) and v.ndim == 0: return _config_value(v.item())
+    if isinstance(v, Mapping): return {str(k): _config_value(x) for k, x in v.items()}
+    if isinstance(v, (list, tuple)): return [_config_value(x) for x in v]
+    if isinstance(v, os.PathLike): return os.fspath(v)
+    return _ADDR.sub('', repr(v))
+
+def _fname(f) -> str | None: return None if f is None else getattr(f, '__name__', type(f).__name__)
+
+def _n_samples(dl) -> int | None:
+    try: return len(dl.dataset)
+    except (AttributeError, TypeError): return None
+
+def run_config(trainer: Trainer, epochs: int | None = None, config: dict | None = None) -> dict:
+    "The user's `config` and, under `'trainer'`, what `trainer` knows of a fit of `epochs` epochs; JSON-safe."
+    t, acc = trainer, trainer.accelerator
+    config = dict(config or {})
+    if 'trainer' in config: raise ValueError("The config key 'trainer' is reserved for what the trainer knows: rename it")
+    model, opt = t.unwrapped_model, getattr(t.opt, 'optimizer', t.opt)
+    known = {'model': type(model).__name__, 'parameters': sum(p.numel() for p in model.parameters()),
+             'optimizer': {'class': type(opt).__name__, **opt.defaults},
+             'lr': t.lr if len(t._base_lrs) == 1 else list(t._base_lrs), 'epochs': epochs,
+             'batch_size': getattr(t.train_dl, 'batch_size', None), 'train_samples': _n_samples(t.train_dl),
+             'grad_accum': t.grad_accum, 'mixed_precision': str(acc.mixed_precision), 'max_grad_norm': t.max_grad_norm,
+             'scheduler': t.scheduler_func, 'loss_func': _fname(t.loss_func), 'train_step': _fname(t.train_step),
+             'metrics': [_fname(m) for m in t.metrics], 'hooks': [h.name for h in t.hooks],
+             'num_processes': acc.num_processes}
+    return _config_value({**config, 'trainer': known})
+
+def _flat(d: dict, prefix: str = '') -> dict:
+    out = {}
+    for k, v in d.items():
+        if isinstance(v, dict) and v: out.update(_flat(v, f'{prefix}{k}.'))
+        else: out[f'{prefix}{k}'] = v
+    return out
+
+def config_diff(old: dict, new: dict) -> list[str]:
+    "Where configs `old` and `new` differ, one line per key: `'key: old -> new'` (nested keys joined by dots)."
+    a, b, absent = _flat(old), _flat(new), object()
+    show = lambda d, k: json.dumps(d[k]) if k in d else '(absent)'
+    keys = [*b, *(k for k in a if k not in b)]
+    return [f"{k}: {show(a, k)} -> {show(b, k)}" for k in keys if a.get(k, absent) != b.get(k, absent)]
+
+def _write_config(dir: Path, cfg: dict):
+    "Write `dir/config.json` atomically."
+    tmp = dir / '.config.json.tmp'
+    with open(tmp, 'w') as f:
+        json.dump(cfg, f, indent=2); f.write('\n')
+        f.flush(); os.fsync(f.fileno())
+    os.replace(tmp, dir / 'config.json')
+    _fsync(dir)
+
 # %% ../nbs/06_checkpoint.ipynb #8b07469b
 class Checkpoint(Hook):
     "Save the trainer every `every_steps` steps / `every_seconds` seconds / epoch end; keep the last `keep_last` and the best."
@@ -277,17 +340,21 @@ class Checkpoint(Hook):
     def __init__(self, dir, every_steps: int | None = None, every_seconds: float | None = None,
                  at_epoch_end: bool = True, keep_last: int | None = 3,
                  monitor: str | None = 'valid_loss', mode: str = 'min', load_best_at_end: bool = False,
-                 handle_signals: bool = True, checksum: bool = True, lock: bool = True):
+                 handle_signals: bool = True, checksum: bool = True, lock: bool = True,
+                 config: dict | None = None):   # the run's config, written to `dir/config.json` (see `run_config`)
+        if config is not None and not isinstance(config, Mapping): raise TypeError(f"config must be a dict, got {config!r}")
+        if config is not None and 'trainer' in config:
+            raise ValueError("The config key 'trainer' is reserved for what the trainer knows: rename it")
         if mode not in ('min', 'max'): raise ValueError(f"mode must be 'min' or 'max', got {mode!r}")
         if keep_last is not None and keep_last < 1: raise ValueError(f"keep_last must be >= 1 or None, got {keep_last}")
         if every_steps is not None and every_steps < 1: raise ValueError(f"every_steps must be >= 1, got {every_steps}")
         self.dir = Path(dir)
         self.every_steps, self.every_seconds, self.at_epoch_end = every_steps, every_seconds, at_epoch_end
         self.keep_last, self.monitor, self.mode, self.load_best_at_end = keep_last, monitor, mode, load_best_at_end
-        self.handle_signals, self.checksum, self.lock = handle_signals, checksum, lock
+        self.handle_signals, self.checksum, self.lock, self.config = handle_signals, checksum, lock, config
         self.best_value, self.best_name, self.saved = None, None, []
         self._signal, self._old_handlers, self._epoch_rng, self._fit_start, self._resume_rng = None, {}, None, None, None
-        self._locked = False
+        self._locked, self._resumed_from = False, None
 
     # ---- where things are ----
     @property
@@ -299,8 +366,10 @@ class Checkpoint(Hook):
     @property
     def best(self) -> Path | None:
         "The best checkpoint so far by `monitor` (None if there is none)."
-        try: name = json.loads((self.dir / 'best.json').read_text())['name']
-        except (FileNotFoundError, ValueError, KeyError): return None
+        name = self.best_name   # the same on every process; `best.json` says it for a run this hook did not see
+        if name is None:
+            try: name = json.loads((self.dir / 'best.json').read_text())['name']
+            except (FileNotFoundError, ValueError, KeyError): return None
         p = self.dir / name
         return p if (p / _MANIFEST).is_file() else None
 
@@ -308,13 +377,16 @@ class Checkpoint(Hook):
     def state_dict(self) -> dict: return {'best_value': self.best_value, 'best_name': self.best_name}
     def load_state_dict(self, d: dict): self.best_value, self.best_name = d['best_value'], d['best_name']
 
-    def _resumed(self, st, epoch_rng):
-        "Called by `resume_fit`: the interrupted fit's first epoch, and the epoch-start generators of a mid-epoch resume."
-        self._fit_start, self._resume_rng = st['fit_start'], epoch_rng
+    def _resumed(self, st, epoch_rng, path):
+        "Called by `resume_fit`: the interrupted fit's first epoch, the epoch-start generators of a mid-epoch resume, the checkpoint."
+        self._fit_start, self._resume_rng, self._resumed_from = st['fit_start'], epoch_rng, Path(path)
 
     # ---- events ----
     def before_fit(self):
         t = self.trainer
+        if t.accelerator.project_configuration.automatic_checkpoint_naming:
+            raise ValueError("Checkpoint names its checkpoints itself: make the Accelerator without "
+                             "ProjectConfiguration(automatic_checkpoint_naming=True)")
         self._n_procs, self._last_save, self._signal = t.accelerator.num_processes, time.monotonic(), None
         if self._fit_start is None: self._fit_start = t.state.epoch
         if t.is_main_process:
@@ -322,6 +394,7 @@ class Checkpoint(Hook):
             if self.lock: self._take_lock()
             for p in self.dir.iterdir():   # what a process killed while saving or deleting left behind
                 if p.name.startswith(('.tmp-step-', '.trash-')): shutil.rmtree(p, ignore_errors=True)
+            self._write_config()
         if self.handle_signals and threading.current_thread() is threading.main_thread():
             for sig in (signal.SIGTERM, signal.SIGINT):
                 self._old_handlers[sig] = signal.signal(sig, self._on_signal)
@@ -360,11 +433,30 @@ class Checkpoint(Hook):
     def after_fit(self):
         t = self.trainer
         for sig, h in self._old_handlers.items(): signal.signal(sig, h)
-        self._old_handlers, self._fit_start, self._resume_rng = {}, None, None
+        self._old_handlers, self._fit_start, self._resume_rng, self._resumed_from = {}, None, None, None
         if self._locked: self._release_lock()
         if self.load_best_at_end and self.best is not None and not (
                 t.cancelled is not None and not isinstance(t.cancelled, CancelFit)):
             load_weights(t, self.best)
+
+    # ---- config ----
+    def _write_config(self):
+        "Write `config.json`; on a resume, first print how it differs from the resumed run's and warn."
+        s = self.trainer.state
+        new = run_config(self.trainer, s.epochs - self._fit_start, self.config)
+        old_file = None if self._resumed_from is None else self._resumed_from.parent / 'config.json'
+        if old_file is not None and old_file.is_file():
+            try: old = json.loads(old_file.read_text())
+            except ValueError: old = None   # unreadable: replaced below
+            diff = config_diff(old, new) if isinstance(old, dict) else []
+            if diff:
+                print(f"Resuming {self._resumed_from.name} with a config that differs from {old_file}:",
+                      *(f"  {l}" for l in diff), sep='\n', flush=True)
+                keys = [l.split(': ', 1)[0] for l in diff]
+                n = f"{len(keys)} difference{'s' * (len(keys) > 1)}"
+                warnings.warn(f"Resuming with a changed config ({n}: {', '.join(keys)}); "
+                              f"{self.dir / 'config.json'} now holds the new one")
+        _write_config(self.dir, new)
 
     # ---- saving ----
     def save(self, position=None) -> Path:
@@ -489,14 +581,17 @@ def _plain(v):
     if isinstance(v, float) and not math.isfinite(v): return None
     return v
 
+_COUNTERS = ('kind', 'step', 'epoch', 'iteration', 'samples', 'time')
+
 class MetricsLog(MainProcessHook):
-    "Append one JSON line per epoch and per `every_steps` optimizer steps to `path` (main process only)."
+    "Append one JSON line per epoch and per `every_steps` optimizer steps to `path`, and log them to Accelerate's trackers (main process only)."
     order = 80
 
-    def __init__(self, path, every_steps: int | None = 50):
+    def __init__(self, path, every_steps: int | None = 50,
+                 trackers: bool = True):   # also send the records to `trainer.accelerator`'s started trackers
         p = Path(path)
         self.path = p / 'metrics.jsonl' if p.is_dir() or not p.suffix else p
-        self.every_steps = every_steps
+        self.every_steps, self.trackers = every_steps, trackers
         self._f, self._lo, self._t0 = None, None, None
 
     def state_dict(self) -> dict:
@@ -509,10 +604,21 @@ class MetricsLog(MainProcessHook):
         self._lo = d['lo']
 
     def _write(self, rec: dict):
-        self._f.write(json.dumps({k: _plain(v) for k, v in rec.items()}) + '\n')
+        rec = {k: _plain(v) for k, v in rec.items()}
+        self._f.write(json.dumps(rec) + '\n')
         self._f.flush()
+        acc = self.trainer.accelerator
+        if self.trackers and acc.trackers:   # numbers only, named 'train/loss', 'epoch/valid_loss', ...
+            pre = 'train/' if rec['kind'] == 'train' else 'epoch/'
+            vals = {pre + k: v for k, v in rec.items()
+                    if k not in _COUNTERS and isinstance(v, (int, float)) and not isinstance(v, bool)}
+            if vals: acc.log(vals, step=rec['step'])
 
     def before_fit(self):
+        acc = self.trainer.accelerator
+        if self.trackers and getattr(acc, 'log_with', None) and not acc.trackers:
+            warnings.warn(f"The Accelerator has log_with={[str(x) for x in acc.log_with]} but no tracker started: call "
+                          "accelerator.init_trackers(project_name) before fit for MetricsLog to log to them")
         self.path.parent.mkdir(parents=True, exist_ok=True)
         self._f, self._t0 = open(self.path, 'a'), time.time()
         if self._lo is None: self._lo = len(self.trainer.losses)

@@ -91,7 +91,7 @@ class LossLog:
         if any(t is None for t in self.pending):
             ref = next((t for t in self.pending if t is not None), torch.zeros(()))
             nan = torch.full((), float('nan'), dtype=ref.dtype, device=ref.device)
-            self.pending = [nan if t is None else t for t in self.pending]
+            self.pending[:] = [nan if t is None else t for t in self.pending]   # in place: the loop holds it
         chunk = torch.stack(self.pending).float().cpu()
         self.pending.clear()
         self.chunks.append(chunk)
@@ -348,61 +348,74 @@ def _prepare_dl(self, dl):
 
 # %% ../nbs/00_core.ipynb #bb3e8a12
 @patch_to(Trainer)
-def _train_batch(self, batch):
-    s = self.state
-    self.batch = batch
-    s.opt_stepped = self._backward_done = False
-    try:
-        if self.grad_accum == 1: self._step()
-        else:
-            with self.accelerator.accumulate(self.model): self._step()
-    except CancelStep:
-        if self._backward_done: self._zero_grad(set_to_none=True)   # its gradients are mixed in: drop the group's
-        if len(self.losses) == s.iteration: self.losses.append_skipped()
-    s.samples += _batch_size(batch) * self._n_procs
-    s.iteration += 1
-    if len(self.losses.pending) >= self.sync_every: self.flush_losses()
-    if self._ev['after_step']: self._call('after_step')
-    self.loss = self.preds = self.out = None   # don't keep the graph alive between batches
+def _make_batch_fn(self):
+    """This fit's `train_batch(batch)`: forward, loss, backward and (when due) the optimizer step of one batch.
+    What it uses is bound to local names once per fit; an event with no hooks costs one truth test."""
+    s, call, acc, model = self.state, self._call, self.accelerator, self.model
+    before_step, after_pred, after_loss, after_backward, after_step = (self._ev[e] for e in (
+        'before_step', 'after_pred', 'after_loss', 'after_backward', 'after_step'))
+    train_step, loss_func, losses, pending = self.train_step, self.loss_func, self.losses, self.losses.pending
+    backward, opt_step, zero_grad, scaler = self._backward, self._opt_step, self._zero_grad, self._scaler
+    every_batch, skip_nan, sync_every, n_procs = self.grad_accum == 1, self.nan_policy == 'skip', self.sync_every, self._n_procs
+    accumulate = None if every_batch else acc.accumulate
 
-@patch_to(Trainer)
-def _step(self):
-    "Forward, loss, backward and (when due) the optimizer step of `self.batch`."
-    s, ev = self.state, self._ev
-    if ev['before_step']: self._call('before_step')
-    if self.train_step is not None:
-        out = self.out = _check_out(self.train_step(self.batch, self))
-        if 'loss' not in out: raise ValueError("train_step's dict has no 'loss': return {'loss': loss, ...}")
-        self.preds = out.get('preds')
-        if ev['after_pred']: self._call('after_pred')
-        self.loss = _check_loss(out['loss'], "train_step's 'loss'")
-    elif self.loss_func is not None:
-        xs, y = _split(self.batch)
-        self.preds = self.model(*xs)
-        if ev['after_pred']: self._call('after_pred')
-        self.loss = _check_loss(self.loss_func(self.preds, y), "loss_func's result")
-    else:
-        self.preds = self.out = self.model(**self.batch)
-        if ev['after_pred']: self._call('after_pred')
-        self.loss = _check_loss(_loss_of(self.out))
-    if ev['after_loss']: self._call('after_loss')
-    self.losses.pending.append(self.loss.detach())
-    if self.nan_policy == 'skip' and not torch.isfinite(self.loss.detach()):
-        warnings.warn(f"Skipped batch {s.batch} of epoch {s.epoch} (iteration {s.iteration}): "
-                      f"non-finite loss {self.loss.item()}")
-        raise CancelStep()
-    self._backward(self.loss)
-    self._backward_done = True
-    if ev['after_backward']: self._call('after_backward')
-    if self.grad_accum == 1 or self.accelerator.sync_gradients:
-        if self.max_grad_norm is not None:
-            self.accelerator.clip_grad_norm_(self.model.parameters(), self.max_grad_norm)
-        self._opt_step()
-        if self._scaler is None or not self.opt.step_was_skipped:
-            s.step += 1
-            s.opt_stepped = True
-            if self.scheduler is not None: self.scheduler.step()
-        self._zero_grad(set_to_none=True)
+    def forward(batch):
+        "The batch's loss (hooks may replace `trainer.batch`, `.preds` and `.loss` at their events)."
+        if before_step:
+            call('before_step'); batch = self.batch
+        if train_step is not None:
+            out = self.out = _check_out(train_step(batch, self))
+            if 'loss' not in out: raise ValueError("train_step's dict has no 'loss': return {'loss': loss, ...}")
+            self.preds = out.get('preds')
+            if after_pred: call('after_pred')
+            return _check_loss(out['loss'], "train_step's 'loss'")
+        if loss_func is not None:
+            xs, y = _split(batch)
+            preds = self.preds = model(*xs)
+            if after_pred:
+                call('after_pred'); preds = self.preds
+            return _check_loss(loss_func(preds, y), "loss_func's result")
+        self.preds = self.out = model(**batch)
+        if after_pred: call('after_pred')
+        return _check_loss(_loss_of(self.out))
+
+    def step(batch):
+        loss = self.loss = forward(batch)
+        if after_loss:
+            call('after_loss'); loss = self.loss
+        d = loss.detach()
+        pending.append(d)
+        if skip_nan and not torch.isfinite(d):
+            warnings.warn(f"Skipped batch {s.batch} of epoch {s.epoch} (iteration {s.iteration}): non-finite loss {d.item()}")
+            raise CancelStep()
+        backward(loss)
+        self._backward_done = True
+        if after_backward: call('after_backward')
+        if every_batch or acc.sync_gradients:
+            if self.max_grad_norm is not None: acc.clip_grad_norm_(model.parameters(), self.max_grad_norm)
+            opt_step()
+            if scaler is None or not self.opt.step_was_skipped:
+                s.step += 1
+                s.opt_stepped = True
+                if self.scheduler is not None: self.scheduler.step()
+            zero_grad(set_to_none=True)
+
+    def train_batch(batch):
+        self.batch = batch
+        s.opt_stepped = self._backward_done = False
+        try:
+            if every_batch: step(batch)
+            else:
+                with accumulate(model): step(batch)
+        except CancelStep:
+            if self._backward_done: zero_grad(set_to_none=True)   # its gradients are mixed in: drop the group's
+            if len(losses) == s.iteration: losses.append_skipped()
+        s.samples += _batch_size(batch) * n_procs
+        s.iteration += 1
+        if len(pending) >= sync_every: self.flush_losses()
+        if after_step: call('after_step')
+        self.loss = self.preds = self.out = None   # don't keep the graph alive between batches
+    return train_batch
 
 @patch_to(Trainer)
 def flush_losses(self):
@@ -532,6 +545,7 @@ def fit(self, epochs: int, lr: float | None = None,
     self.model.train()
     try:
         self._call('before_fit')
+        self._batch_fn = self._make_batch_fn()   # after before_fit: hooks may have set things up
         while s.epoch < s.epochs:
             self._one_epoch(dl)
             s.epoch += 1
@@ -579,8 +593,9 @@ def _one_epoch(self, dl):
     it, self._epoch_iter = (iter(dl) if self._epoch_iter is None else self._epoch_iter(dl)), None
     first = len(self.losses) - s.batch
     try:
+        train_batch = self._batch_fn
         for batch in it:
-            self._train_batch(batch)
+            train_batch(batch)
             s.batch += 1
     except CancelEpoch: pass
     if s.batch == 0 and s.n_batches == 0: raise ValueError("train_dl yielded no batches")
