@@ -68,7 +68,7 @@ class LivePlot(MainProcessHook):
     order = 30
 
     def __init__(self, mode: str = 'auto', every: float = 0.5, max_points: int = 500, log_loss: bool = False,
-                 path=None, save_every_draw: bool = False, beta: float = 0.98, max_share: float = 0.015,
+                 path=None, save_every_draw: bool = False, beta: float | None = None, max_share: float = 0.015,
                  figsize=(8, 2.8), dpi: int = 72):
         _resolve_mode(mode)
         if not 0 < max_share <= 1: raise ValueError(f"max_share must be in (0, 1], got {max_share!r}")
@@ -143,6 +143,11 @@ class LivePlot(MainProcessHook):
         self._update_figure(self.rec.arrays(max_points=self.max_points))
         return self._render()
 
+    def _beta(self) -> float:
+        "The smoothing factor: `beta`, or by default one whose window is about 1/20 of the fit (at most 50 steps)."
+        if self.beta is not None: return self.beta
+        return 1 - 1 / min(max(getattr(self, '_x_end', 1000) / 20, 1), 50)
+
     def _make_figure(self):
         from matplotlib.figure import Figure
         from matplotlib.backends.backend_agg import FigureCanvasAgg
@@ -171,7 +176,7 @@ class LivePlot(MainProcessHook):
         vstep = np.asarray(arr.get('valid_step', ()), dtype=np.float64)
         vloss = np.asarray(arr.get('valid_loss', ()), dtype=np.float64)
         lr = np.asarray(arr.get('lr', ()), dtype=np.float64)
-        sm = smooth_steps(step, loss, self.beta)
+        sm = smooth_steps(step, loss, self._beta())
         self.l_raw.set_data(step, loss); self.l_train.set_data(step, sm)
         self.l_valid.set_data(vstep, vloss); self.l_lr.set_data(step[:len(lr)], lr)
         log = self.log_loss

@@ -232,11 +232,18 @@ class Progress(MainProcessHook):
                 + (f", smoothed loss {p['loss']:.4f}" if math.isfinite(p['loss']) else ''))
         return f"<div class='trainer-nb-progress-done'><p>{line}</p>{self._table_html() if self.rows else ''}</div>"
 
+    def _final_text(self) -> str:
+        p = self.snapshot()
+        line = (f"{self.status}: epoch {p['epoch']}/{p['n_epochs']}, batch {p['batch']}"
+                + (f"/{p['n_batches']}" if p['n_batches'] else '') + f" in {fmt_time(p['elapsed'])}"
+                + (f", smoothed loss {p['loss']:.4f}" if math.isfinite(p['loss']) else ''))
+        return line + ('\n' + results_table(self.rows).to_string(index=False) if self.rows else '')
+
     def _widget_finish(self):
-        from IPython.display import HTML
         final = self._final_html()
         self.final_html = final
-        if self.handle is not None: self.handle.update(HTML(final))
+        # HTML for notebooks, and the same as text for anything that shows only text (a terminal, a README)
+        if self.handle is not None: self.handle.update({'text/html': final, 'text/plain': self._final_text()}, raw=True)
         self.w_box.close()
         for w in (self.w_epoch_bar, self.w_epoch_txt, self.w_batch_bar, self.w_batch_txt, self.w_table): w.close()
 
