@@ -12,7 +12,7 @@ __all__ = ['smooth_steps', 'LivePlot']
 # %% ../nbs/04_liveplot.ipynb #892d2db3
 import numpy as np
 from .core import MainProcessHook
-from .progress import _resolve_mode, _display
+from .progress import _resolve_mode, _display, auto_beta
 
 # %% ../nbs/04_liveplot.ipynb #a91276a6
 def smooth_steps(steps, values, beta: float = 0.98) -> np.ndarray:
@@ -145,8 +145,7 @@ class LivePlot(MainProcessHook):
 
     def _beta(self) -> float:
         "The smoothing factor: `beta`, or by default one whose window is about 1/20 of the fit (at most 50 steps)."
-        if self.beta is not None: return self.beta
-        return 1 - 1 / min(max(getattr(self, '_x_end', 1000) / 20, 1), 50)
+        return self.beta if self.beta is not None else auto_beta(getattr(self, '_x_end', None))
 
     def _make_figure(self):
         from matplotlib.figure import Figure

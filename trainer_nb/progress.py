@@ -7,7 +7,7 @@ from __future__ import annotations
 import html, math, sys, time, warnings
 
 # %% auto #0
-__all__ = ['MODES', 'detect_mode', 'LossTail', 'SmoothedLoss', 'fmt_time', 'results_table', 'Progress']
+__all__ = ['MODES', 'detect_mode', 'LossTail', 'auto_beta', 'SmoothedLoss', 'fmt_time', 'results_table', 'Progress']
 
 # %% ../nbs/03_progress.ipynb #74f30a3d
 import torch
@@ -66,6 +66,10 @@ class LossTail:
         if pend: parts.append(torch.stack(pend).float().cpu())   # the one sync
         return torch.cat(parts) if len(parts) > 1 else parts[0]
 
+def auto_beta(n: int | None, most: int = 50) -> float:
+    "A smoothing factor whose window is about a twentieth of `n` steps (at most `most`): a short fit's curve keeps up."
+    return 1 - 1 / min(max((n or 20 * most) / 20, 1), most)
+
 class SmoothedLoss:
     "Debiased exponential moving average of a stream of losses."
     def __init__(self, beta: float = 0.98): self.beta, self.avg, self.count = beta, 0.0, 0
@@ -113,7 +117,9 @@ class Progress(MainProcessHook):
     "Live progress: an ipywidgets dashboard in notebooks, a tqdm bar and one line per epoch in terminals."
     order = 20
 
-    def __init__(self, mode: str = 'auto', every: float = 0.3, beta: float = 0.98, file=None):
+    def __init__(self, mode: str = 'auto', every: float = 0.3,
+                 beta: float | None = None,   # loss smoothing; None: `auto_beta` of the fit's batches
+                 file=None):
         _resolve_mode(mode)   # check it now; decide at each fit
         self.mode, self.every, self.beta, self.file = mode, every, beta, file
         self.rows, self.n_draws, self.draw_time, self.active = [], 0, 0.0, None
@@ -126,7 +132,8 @@ class Progress(MainProcessHook):
         self.first_epoch, self.n_epochs = s.epoch, s.epochs - s.epoch
         self.t_fit = self.t_epoch = time.perf_counter()
         self.it_epoch0, self._next = s.iteration, (math.inf if self.active == 'off' else 0.0)
-        self.tail, self.smooth = LossTail(tr.losses), SmoothedLoss(self.beta)
+        beta = self.beta if self.beta is not None else auto_beta(self.n_epochs * s.n_batches)
+        self.tail, self.smooth = LossTail(tr.losses), SmoothedLoss(beta)
         if self.active == 'widget': self._widget_start()
         elif self.active == 'text': self._text_header_done, self._bar = False, None
 
