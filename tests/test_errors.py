@@ -201,3 +201,25 @@ def test_bad_fit_arguments_and_lr(make_trainer):
     with pytest.raises(ValueError, match='lr must be a positive number'):
         t.fit(1, lr=-0.1)
     assert t.state.iteration == 0
+
+
+def test_arguments_an_own_accelerator_decides_are_named(fresh_accelerate):
+    from accelerate import Accelerator
+    dl = DataLoader(regression_ds(16), batch_size=8)
+    with pytest.warns(UserWarning, match=r"^grad_accum, cpu ignored: the accelerator passed decides them"):
+        t = Trainer(small_model(), dl, loss_func=F.mse_loss, default_hooks=False, grad_accum=2, cpu=True,
+                    accelerator=Accelerator(cpu=True))
+    assert t.grad_accum == 1          # the accelerator's, as the warning says
+    with warnings.catch_warnings():
+        warnings.simplefilter('error')   # nothing to warn about when only the accelerator is given
+        Trainer(small_model(), dl, loss_func=F.mse_loss, default_hooks=False, accelerator=t.accelerator)
+
+
+def test_log_with_reaches_the_accelerator(fresh_accelerate, tmp_path):
+    pytest.importorskip('tensorboard')
+    t = Trainer(small_model(), DataLoader(regression_ds(16), batch_size=8), loss_func=F.mse_loss, default_hooks=False,
+                cpu=True, log_with='tensorboard', project_dir=str(tmp_path))
+    t.accelerator.init_trackers('run')
+    t.accelerator.log({'x': 1.0}, step=0)
+    t.accelerator.end_training()
+    assert list(tmp_path.rglob('events.out.tfevents.*'))   # the tracker wrote its file under project_dir

@@ -192,7 +192,9 @@ class Trainer:
                  grad_accum: int = 1, max_grad_norm: float | None = None,
                  nan_policy: str = 'raise',    # 'raise' | 'skip' (checks each loss: one sync per step)
                  sync_every: int = 100,         # batches between moving losses to the host
-                 cpu: bool = False, accelerator: Accelerator | None = None):
+                 cpu: bool = False,
+                 log_with=None, project_dir=None,  # experiment trackers, as Accelerate's `log_with` (e.g. 'tensorboard')
+                 accelerator: Accelerator | None = None):  # or your own; it then decides the five arguments above
         if not isinstance(model, torch.nn.Module):
             raise TypeError(f"model must be a torch.nn.Module, got {type(model).__name__}")
         if mixed_precision not in ('no', 'bf16', 'fp16'):
@@ -204,9 +206,15 @@ class Trainer:
         if loss_func is None and train_step is None:
             warnings.warn("No loss_func or train_step given: batches must be dicts and the model must return a loss")
         if not (isinstance(lr, (int, float)) and lr > 0): raise ValueError(f"lr must be a positive number, got {lr!r}")
+        if accelerator is not None:
+            given = [n for n, v, default in (('mixed_precision', mixed_precision, 'no'), ('grad_accum', grad_accum, 1),
+                                             ('cpu', cpu, False), ('log_with', log_with, None),
+                                             ('project_dir', project_dir, None)) if v != default]
+            if given: warnings.warn(f"{', '.join(given)} ignored: the accelerator passed decides them "
+                                    "(give them to your Accelerator instead)", stacklevel=2)
         self.accelerator = accelerator or Accelerator(
             mixed_precision=mixed_precision, gradient_accumulation_steps=grad_accum, cpu=cpu,
-            step_scheduler_with_optimizer=False)
+            step_scheduler_with_optimizer=False, log_with=log_with, project_dir=project_dir)
         self.grad_accum = grad_accum if accelerator is None else self.accelerator.gradient_accumulation_steps
         if self.accelerator.device.type == 'cpu' and self.accelerator.mixed_precision == 'fp16':
             warnings.warn("mixed_precision='fp16' needs a GPU: on the CPU Accelerate trains in float32 "
