@@ -1,9 +1,10 @@
 """Checkpoints: exact resume after SIGKILL (subprocesses), kills while saving, SIGTERM/SIGINT, hostile and broken
-checkpoints, rotation, early stopping, metrics.jsonl."""
+checkpoints, tied weights, rotation, the run directory's lock, early stopping, metrics.jsonl."""
 import json
 import os
 import pickle
 import random
+import shutil
 import signal
 import subprocess
 import sys
@@ -196,22 +197,56 @@ def test_load_best_at_end(tmp_path):
     assert torch.equal(flat(t.model), snaps[1]) and not torch.equal(snaps[1], snaps[2])
 
 
-def test_hostile_pickle_does_not_run(tmp_path):
-    "A checkpoint file crafted to run code on load: the code does not run (manifest forged to match)."
+HOSTILE = [('optimizer.bin', True), ('random_states_0.pkl', False), ('scheduler.bin', True),
+           pytest.param('scaler.pt', True, marks=pytest.mark.skipif(not torch.cuda.is_available(),
+                                                                    reason='fp16 grad scaler: CUDA only'))]
+
+
+@pytest.mark.parametrize('victim,refused', HOSTILE)
+def test_hostile_pickle_does_not_run(tmp_path, victim, refused):
+    """A checkpoint file crafted to run code on load: the code does not run (manifest forged to match). Every file of a
+    checkpoint that Accelerate reads with torch.load is among the victims (the scheduler's: one prepared by the user's
+    Accelerator; the scaler's: fp16 on CUDA)."""
+    from accelerate import Accelerator
     from trainer_nb.checkpoint import Checkpoint, list_checkpoints, _seal
     marker = tmp_path / 'pwned'
     class Evil:
         def __reduce__(self): return (os.system, (f'touch {marker}',))
-    for victim in ('optimizer.bin', 'random_states_0.pkl'):
-        make(tmp_path, [Checkpoint(tmp_path / victim, every_steps=2)]).fit(1)
-        last = list_checkpoints(tmp_path / victim)[-1]
-        torch.save({'state': Evil()}, last / victim)
-        os.remove(last / 'manifest.json'); _seal(last, True)   # an attacker can rewrite the manifest too
-        t2 = make(tmp_path, [Checkpoint(tmp_path / victim)])
-        if victim == 'optimizer.bin':
-            with pytest.raises(pickle.UnpicklingError): t2.fit(1, resume='last')
-        else: t2.fit(1, resume='last')   # Accelerate's generator file is refused; ours (JSON) is used
-        assert not marker.exists()
+    def trainer():
+        acc = Accelerator(mixed_precision='fp16' if victim == 'scaler.pt' else 'no')
+        t = make(tmp_path, [Checkpoint(tmp_path / 'run', every_steps=2)], accelerator=acc)
+        if victim == 'scheduler.bin': acc.prepare(torch.optim.lr_scheduler.StepLR(t.opt.optimizer, 100))
+        return t
+    trainer().fit(1)
+    last = list_checkpoints(tmp_path / 'run')[-1]
+    pickles = {p.name for p in last.iterdir() if p.suffix not in ('.json', '.safetensors')}
+    assert victim in pickles and pickles <= {'optimizer.bin', 'random_states_0.pkl', 'scheduler.bin', 'scaler.pt'}
+    torch.save({'state': Evil()}, last / victim)
+    os.remove(last / 'manifest.json'); _seal(last, True)   # an attacker can rewrite the manifest too
+    t2 = trainer()
+    if refused:
+        with pytest.raises(pickle.UnpicklingError): t2.fit(1, resume='last')
+    else: t2.fit(1, resume='last')   # Accelerate's generator file is refused; ours (JSON) is used
+    assert not marker.exists()
+
+
+def test_register_for_checkpointing_refused(tmp_path):
+    "Accelerate reloads registered objects with weights_only=False: saving and resuming with one registered both refuse."
+    from accelerate import Accelerator
+    from trainer_nb.checkpoint import Checkpoint, save_checkpoint
+    class Counter:
+        n = 0
+        def state_dict(self): return {'n': self.n}
+        def load_state_dict(self, d): self.n = d['n']
+    make(tmp_path, [Checkpoint(tmp_path / 'run')]).fit(1)
+    acc = Accelerator()
+    acc.register_for_checkpointing(Counter())
+    t = make(tmp_path, [Checkpoint(tmp_path / 'run')], accelerator=acc)
+    with pytest.raises(ValueError, match=r'register_for_checkpointing \(Counter\).*weights_only=False'):
+        t.fit(1, resume='last')
+    with pytest.raises(ValueError, match='register_for_checkpointing'): t.fit(1)
+    with pytest.raises(ValueError, match='register_for_checkpointing'): save_checkpoint(t, tmp_path / 'by-hand')
+    assert t.state.iteration == 0 and not (tmp_path / 'by-hand').exists() and not (tmp_path / 'run' / 'LOCK').exists()
 
 
 def test_truncated_checkpoint_clear_error_previous_usable(tmp_path):
@@ -250,17 +285,101 @@ def test_other_shape_lists_keys(tmp_path):
     assert torch.equal(fewer[0].weight, t.unwrapped_model[0].weight) and '2.weight' in res.unexpected_keys
 
 
+# a run holding the lock of a directory, as Checkpoint holds it: an exclusive flock on LOCK, which names the process
+HOLD_LOCK = """
+import fcntl, json, os, socket, sys, time
+fd = os.open(sys.argv[1], os.O_RDWR | os.O_CREAT)
+fcntl.flock(fd, fcntl.LOCK_EX)
+if sys.argv[2] == 'write': os.write(fd, json.dumps({'pid': os.getpid(), 'host': socket.gethostname()}).encode())
+print('READY', flush=True)
+time.sleep(60)
+"""
+
+
+def hold_lock(d, write=True):
+    p = subprocess.Popen([sys.executable, '-c', HOLD_LOCK, str(d / 'LOCK'), 'write' if write else 'no'],
+                         stdout=subprocess.PIPE, text=True)
+    assert p.stdout.readline().startswith('READY')
+    return p
+
+
 def test_lock_file(tmp_path):
     from trainer_nb.checkpoint import Checkpoint
-    live = subprocess.Popen(['sleep', '30'])
+    live = hold_lock(tmp_path)
     try:
-        import socket
-        (tmp_path / 'LOCK').write_text(json.dumps({'pid': live.pid, 'host': socket.gethostname()}))
-        with pytest.raises(RuntimeError, match=f'in use by process {live.pid}'): make(tmp_path, [Checkpoint(tmp_path)]).fit(1)
+        with pytest.raises(RuntimeError, match=f'in use by process {live.pid} on '): make(tmp_path, [Checkpoint(tmp_path)]).fit(1)
     finally: live.kill(); live.wait()
+    assert json.loads((tmp_path / 'LOCK').read_text())['pid'] == live.pid   # its lock file stays, nobody holds it
     with pytest.warns(UserWarning, match=f'left by process {live.pid}, which is gone'):
         make(tmp_path, [Checkpoint(tmp_path)]).fit(1)
     assert not (tmp_path / 'LOCK').exists()
+    # a live run that has taken the lock but not yet written who it is: its empty lock file is not taken for stale
+    live = hold_lock(tmp_path, write=False)
+    try:
+        with pytest.raises(RuntimeError, match='in use by another process'): make(tmp_path, [Checkpoint(tmp_path)]).fit(1)
+    finally: live.kill(); live.wait()
+    assert (tmp_path / 'LOCK').read_text() == ''
+
+
+def test_refused_resume_changes_nothing(tmp_path):
+    "A second run resuming in a directory whose live run holds the lock is refused before it reads or changes anything."
+    from trainer_nb.checkpoint import Checkpoint, MetricsLog
+    make(tmp_path, [MetricsLog(tmp_path, every_steps=2), Checkpoint(tmp_path, every_steps=4)]).fit(2)
+    with open(tmp_path / 'metrics.jsonl', 'a') as f: f.write('{"kind": "train", "step": 14}\n')   # the live run goes on
+    files = {p: p.read_bytes() for p in tmp_path.rglob('*') if p.is_file()}
+    live = hold_lock(tmp_path)
+    try:
+        t = make(tmp_path, [MetricsLog(tmp_path, every_steps=2), Checkpoint(tmp_path, every_steps=4)])
+        before = flat(t.model)
+        with pytest.raises(RuntimeError, match=f'in use by process {live.pid}'): t.fit(2, resume='last')
+        assert torch.equal(flat(t.model), before) and t.state.iteration == 0
+        files[tmp_path / 'LOCK'] = (tmp_path / 'LOCK').read_bytes()
+        assert {p: p.read_bytes() for p in tmp_path.rglob('*') if p.is_file()} == files   # metrics.jsonl included
+    finally: live.kill(); live.wait()
+
+
+# processes that wait for a signal file, then all try to fit in the same directory at once
+RACE = """
+import sys, time, warnings
+from pathlib import Path
+sys.path.insert(0, 'tests')
+import torch.nn.functional as F
+from torch.utils.data import DataLoader
+from conftest import regression_ds, small_model
+from trainer_nb.checkpoint import Checkpoint
+from trainer_nb.core import Hook, Trainer
+class Hold(Hook):
+    def before_epoch(self): time.sleep(3)   # the lock is held while the others try
+d, go = Path(sys.argv[1]), Path(sys.argv[2])
+t = Trainer(small_model(), DataLoader(regression_ds(16), batch_size=8), loss_func=F.mse_loss,
+            hooks=[Checkpoint(d, monitor=None), Hold()], default_hooks=False)
+print('WAITING', flush=True)
+while not go.exists(): time.sleep(0.001)
+with warnings.catch_warnings(record=True) as w:
+    warnings.simplefilter('always')
+    try:
+        t.fit(1)
+        print('RAN', sum('Taking over' in str(x.message) for x in w), flush=True)
+    except RuntimeError as e: print('REFUSED', e, flush=True)
+"""
+
+
+def test_stale_lock_one_winner_when_runs_start_at_once(tmp_path):
+    import socket
+    d, go = tmp_path / 'run', tmp_path / 'go'
+    d.mkdir()
+    dead = subprocess.Popen(['true']); dead.wait()
+    (d / 'LOCK').write_text(json.dumps({'pid': dead.pid, 'host': socket.gethostname()}))
+    ps = [subprocess.Popen([sys.executable, '-c', RACE, str(d), str(go)], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                           text=True, cwd=REPO) for _ in range(3)]
+    for p in ps: assert p.stdout.readline().startswith('WAITING')
+    go.touch()
+    outs = [p.communicate(timeout=120)[0].strip() for p in ps]
+    ran = [o for o in outs if o.startswith('RAN')]
+    assert ran == ['RAN 1'], outs   # one run takes the stale lock over, with the warning; the others are refused
+    winner = ps[outs.index(ran[0])].pid
+    assert all(f'in use by process {winner} on ' in o for o in outs if o.startswith('REFUSED')), outs
+    assert not (d / 'LOCK').exists()
 
 
 def test_early_stopping(tmp_path):
@@ -274,6 +393,120 @@ def test_early_stopping(tmp_path):
     t.fit(7)
     assert isinstance(t.cancelled, CancelFit) and 'best 2 at epoch 1' in str(t.cancelled)
     assert t.state.epoch == 3 and len(t.history) == 4 and es.state_dict() == {'best': 2., 'best_epoch': 1, 'wait': 2}
+
+
+def test_early_stopping_saves_the_last_epoch_resume_trains_nothing(tmp_path):
+    "EarlyStopping's CancelFit comes before Checkpoint's after_epoch: the epoch it stops at is saved all the same."
+    from trainer_nb.checkpoint import Checkpoint, EarlyStopping, MetricsLog, list_checkpoints
+    from trainer_nb.core import CancelFit, Hook
+    snaps = {}
+    class Snap(Hook):
+        order = 99
+        def after_epoch(self): snaps[self.trainer.state.epoch] = flat(self.trainer.model)
+    def trainer(vals):
+        def acc(preds, targets): return next(vals)
+        hooks = [MetricsLog(tmp_path, every_steps=2), EarlyStopping('acc', mode='max', patience=2),
+                 Checkpoint(tmp_path, every_steps=4, keep_last=2, monitor='acc', mode='max', load_best_at_end=True), Snap()]
+        return make(tmp_path, hooks, metrics=[acc])
+    t = trainer(iter([1., 2., 1.5, 1.4, 9., 9., 9.]))
+    t.fit(7)   # stops at the end of epoch 3 (6 steps per epoch); the best is epoch 1's
+    assert isinstance(t.cancelled, CancelFit) and t.state.epoch == 3 and t.state.step == 24
+    ck = t.get_hook(Checkpoint)
+    assert [p.name for p in list_checkpoints(tmp_path)] == ['step-00000012', 'step-00000020', 'step-00000024']
+    st = json.loads((ck.last / 'trainer_state.json').read_text())
+    assert ck.last.name == 'step-00000024' and st['position'] == [4, 0] and st['stopped'].startswith('Early stopping')
+    assert ck.best.name == 'step-00000012' and json.loads((tmp_path / 'best.json').read_text())['value'] == 2.
+    assert torch.equal(flat(t.model), snaps[1]) and not torch.equal(snaps[1], snaps[2])   # the best loaded at the end
+    log = (tmp_path / 'metrics.jsonl').read_bytes()
+    # a resume from the last checkpoint trains nothing: the fit stays stopped, for the same reason
+    t2 = trainer(iter([]))
+    t2.fit(7, resume='last')
+    assert isinstance(t2.cancelled, CancelFit) and 'Early stopping' in str(t2.cancelled) and 'nothing left' in str(t2.cancelled)
+    assert t2.state.state_dict() == t.state.state_dict() and len(t2.losses) == 24
+    assert torch.equal(flat(t2.model), snaps[1]) and (tmp_path / 'metrics.jsonl').read_bytes() == log
+    assert [p.name for p in list_checkpoints(tmp_path)][-1] == 'step-00000024'
+
+
+def tied_trainer(tmp_path, hooks=(), seed=0):
+    "A model whose output layer shares the embedding's weight, on token data."
+    from trainer_nb.core import Trainer
+    from torch.utils.data import TensorDataset
+    class Tied(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.emb, self.head = torch.nn.Embedding(10, 8), torch.nn.Linear(8, 10)
+            self.head.weight = self.emb.weight
+        def forward(self, x): return self.head(torch.tanh(self.emb(x).mean(1)))
+    g = torch.Generator().manual_seed(0)
+    x = torch.randint(0, 10, (48, 3), generator=g)
+    torch.manual_seed(seed)
+    model = Tied()
+    torch.manual_seed(0)
+    return Trainer(model, DataLoader(TensorDataset(x, x.sum(1) % 10), batch_size=8, shuffle=True),
+                   loss_func=F.cross_entropy, hooks=list(hooks), default_hooks=False)
+
+
+def test_tied_weights_save_and_resume(tmp_path):
+    from trainer_nb.checkpoint import Checkpoint, list_checkpoints, load_weights
+    ref = tied_trainer(tmp_path)
+    ref.fit(2)
+    tied_trainer(tmp_path, [Checkpoint(tmp_path, every_steps=4, keep_last=None, monitor=None)]).fit(2)
+    mid = list_checkpoints(tmp_path)[0]   # step 4 of 12
+    assert len(load_file(mid / 'model.safetensors')) == 2   # the shared weight once, and the head's bias
+    t = tied_trainer(tmp_path, [Checkpoint(tmp_path, monitor=None)], seed=1)
+    t.fit(2, resume=mid)
+    assert t.state.step == 12 and t.model.head.weight is t.model.emb.weight
+    for a, b in zip(ref.model.state_dict().values(), t.model.state_dict().values()): assert torch.equal(a, b)
+    fresh = tied_trainer(tmp_path, seed=2).model
+    res = load_weights(fresh, list_checkpoints(tmp_path)[-1])   # strict: nothing missing
+    assert res.missing_keys == [] and res.unexpected_keys == []
+    assert torch.equal(fresh.head.weight, ref.model.head.weight) and fresh.head.weight is fresh.emb.weight
+
+
+def test_no_duplicate_save_at_epoch_end(tmp_path):
+    from trainer_nb.checkpoint import Checkpoint
+    def position(p): return json.loads((p / 'trainer_state.json').read_text())['position']
+    ck = Checkpoint(tmp_path / 'a', every_steps=3, keep_last=None)
+    make(tmp_path, [ck]).fit(2)   # 6 steps per epoch: the periodic save of steps 6 and 12 is the end-of-epoch save
+    assert [p.name for p in ck.saved] == ['step-00000003', 'step-00000006', 'step-00000009', 'step-00000012']
+    assert [position(p) for p in ck.saved] == [[0, 3], [1, 0], [1, 3], [2, 0]]
+    # no end-of-epoch saves, a save every step: the best, found at an epoch's end, is the step saved already
+    ck = Checkpoint(tmp_path / 'b', every_seconds=0, at_epoch_end=False, keep_last=None)
+    make(tmp_path, [ck]).fit(2)
+    assert [p.name for p in ck.saved] == [f'step-{i:08d}' for i in range(1, 13)]
+    assert ck.best.name in ('step-00000006', 'step-00000012')
+
+
+def test_a_complete_temporary_checkpoint_is_put_in_place(tmp_path):
+    "A save killed after sealing, before its rename, left only `.tmp-step-…`: the next fit puts it in place and resumes it."
+    from trainer_nb.checkpoint import Checkpoint, list_checkpoints, save_checkpoint
+    t = make(tmp_path, [Checkpoint(tmp_path, keep_last=1, monitor=None)])
+    t.fit(2)
+    last = list_checkpoints(tmp_path)[-1]
+    assert [p.name for p in list_checkpoints(tmp_path)] == ['step-00000012']
+    os.rename(last, tmp_path / '.tmp-step-00000012')
+    shutil.copytree(tmp_path / '.tmp-step-00000012', tmp_path / '.tmp-step-00000013')
+    os.remove(tmp_path / '.tmp-step-00000013' / 'manifest.json')            # not sealed: deleted
+    shutil.copytree(tmp_path / '.tmp-step-00000012', tmp_path / '.tmp-step-00000014')
+    with open(tmp_path / '.tmp-step-00000014' / 'optimizer.bin', 'ab') as f: f.write(b'x')   # does not match: deleted
+    t2 = make(tmp_path, [Checkpoint(tmp_path, keep_last=1, monitor=None)])
+    t2.fit(2, resume='last')
+    assert t2.state.step == 12 and len(t2.losses) == 12 and torch.equal(flat(t2.model), flat(t.model))
+    assert sorted(p.name for p in tmp_path.iterdir()) == ['config.json', 'step-00000012']
+    # saving a step that is there already replaces it, with no leftovers
+    save_checkpoint(t2, last, position=(5, 0))
+    assert json.loads((last / 'trainer_state.json').read_text())['position'] == [5, 0]
+    assert sorted(p.name for p in tmp_path.iterdir()) == ['config.json', 'step-00000012']
+
+
+def test_monitor_absent_warns_once(tmp_path):
+    from trainer_nb.checkpoint import Checkpoint
+    t = make(tmp_path, [Checkpoint(tmp_path, monitor='acc', mode='max', load_best_at_end=True)])
+    with pytest.warns(UserWarning) as rec: t.fit(3)
+    msgs = [str(w.message) for w in rec if 'monitors' in str(w.message)]
+    assert len(msgs) == 1 and "'acc'" in msgs[0] and "['epoch', 'train_loss', 'valid_loss', 'time']" in msgs[0]
+    assert 'load_best_at_end loads nothing' in msgs[0]
+    assert t.get_hook(Checkpoint).best is None and not (tmp_path / 'best.json').exists()
 
 
 def test_metrics_log_and_reader(tmp_path):

@@ -79,6 +79,11 @@ def test_early_stopping_same_epoch_on_every_process(runs):
     for r in (*ref, *res):
         assert r['state']['epoch'] == 2 and r['cancelled'].startswith('CancelFit(') and r['es']['wait'] == 2, r['rank']
     assert len({r['cancelled'] for r in (*ref, *res)}) == 1
+    # the epoch it stopped at is saved (a save on both processes, in after_cancel), marked as where the fit stopped
+    from trainer_nb.checkpoint import list_checkpoints
+    last = list_checkpoints(runs['run_dir'])[-1]
+    st = json.loads((last / 'trainer_state.json').read_text())
+    assert last.name == 'step-00000018' and st['position'] == [3, 0] and st['stopped'].startswith('Early stopping')
     # the monitored value differs between the processes: the decision is still the main process's, on both
     d0, d1 = ref[0]['divergent'], ref[1]['divergent']
     assert d0['epoch'] == d1['epoch'] == 1

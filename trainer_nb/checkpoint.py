@@ -4,7 +4,7 @@
 
 # %% ../nbs/06_checkpoint.ipynb #0e49455d
 from __future__ import annotations
-import base64, hashlib, json, math, os, random, re, shutil, signal, socket, threading, time, warnings
+import base64, errno, hashlib, json, math, os, random, re, shutil, signal, socket, threading, time, warnings
 from collections.abc import Mapping
 from pathlib import Path
 
@@ -93,6 +93,32 @@ def _remove(path: Path):
     os.rename(path, trash)
     shutil.rmtree(trash, ignore_errors=True)
 
+def _install(tmp: Path, path: Path):
+    """Give the sealed checkpoint `tmp` its final name `path`. A checkpoint already there is set aside first and deleted
+    only once the new one is in place: a kill in between leaves the complete `tmp`, which `_recover` puts in place."""
+    old = None
+    if path.exists():
+        old = path.with_name(f'.trash-{path.name}-{os.getpid()}')
+        os.rename(path, old)
+    os.rename(tmp, path)
+    _fsync(path.parent)
+    if old is not None: shutil.rmtree(old, ignore_errors=True)
+
+def _recover(dir: Path) -> list[Path]:
+    """Tidy what a process killed while saving or deleting left in `dir`: a complete temporary checkpoint (its manifest
+    written, every file matching it) whose final name is free gets that name; the rest is deleted. Returns those renamed."""
+    promoted = []
+    for p in sorted(Path(dir).iterdir()):
+        if p.name.startswith('.tmp-step-'):
+            final = p.with_name(p.name[len('.tmp-'):])
+            try: ok = _NAME.match(final.name) and not final.exists() and verify_checkpoint(p)
+            except Exception: ok = False   # anything wrong with it: not a checkpoint to keep
+            if ok:
+                os.rename(p, final); _fsync(p.parent); promoted.append(final)
+                continue
+        if p.name.startswith(('.tmp-step-', '.trash-')): shutil.rmtree(p, ignore_errors=True)
+    return promoted
+
 def list_checkpoints(dir) -> list[Path]:
     "The complete checkpoints in `dir` (final name and a manifest), oldest first."
     d = Path(dir)
@@ -137,12 +163,22 @@ def _jsonable(obj, what):
     except TypeError as e:
         raise TypeError(f"{what} must be JSON-able (numbers, strings, lists, dicts) to go in a checkpoint: {e}") from None
 
+def _check_safe(acc):
+    "Refuse what Accelerate would reload by unpickling arbitrary objects."
+    if getattr(acc, '_custom_objects', None):
+        names = ', '.join(type(o).__name__ for o in acc._custom_objects)
+        raise ValueError(f"The Accelerator has objects registered with register_for_checkpointing ({names}): Accelerate "
+                         "reloads them with torch.load(weights_only=False), which can run arbitrary code, so checkpoints "
+                         "refuse them. Keep their state in a hook's state_dict() (JSON) instead")
+
 def save_checkpoint(trainer: Trainer, path,
                     position: tuple[int, int] | None = None, # (epoch, batches of it done); default: after this batch
                     epoch_rng: list | None = None,           # each process's generators at the start of the epoch
-                    checksum: bool = True, fit_start: int | None = None, fit_epochs: int | None = None) -> Path:
+                    checksum: bool = True, fit_start: int | None = None, fit_epochs: int | None = None,
+                    stopped: str | None = None) -> Path:     # why the fit stopped here (`CancelFit`): a resume trains nothing
     "Save `trainer` (weights, optimizer, scheduler, scaler, generators, counters, hooks' states) atomically to `path`."
     t, acc, s = trainer, trainer.accelerator, trainer.state
+    _check_safe(acc)
     path = Path(path)
     tmp = path.with_name(f'.tmp-{path.name}')
     if position is None: position = (s.epoch, s.batch + 1)
@@ -162,24 +198,32 @@ def save_checkpoint(trainer: Trainer, path,
                  'accum_step': int(acc.step), 'grad_accum': t.grad_accum, 'num_processes': acc.num_processes,
                  'fit_start': s.epoch if fit_start is None else fit_start,
                  'fit_epochs': s.epochs - (s.epoch if fit_start is None else fit_start) if fit_epochs is None else fit_epochs,
-                 'hooks': hooks, 'time': time.time()}
+                 'hooks': hooks, 'stopped': stopped, 'time': time.time()}
         _write_json(tmp / _STATE, state)
     acc.wait_for_everyone()
     if acc.is_main_process:
         _seal(tmp, checksum)
-        if path.exists(): _remove(path)   # the same step saved again (end of epoch after a periodic save)
-        os.rename(tmp, path)
-        _fsync(path.parent)
+        _install(tmp, path)   # (a checkpoint of the same step already there is replaced, never lost)
     acc.wait_for_everyone()
     return path
 
 # %% ../nbs/06_checkpoint.ipynb #9486a6d0
+def _tied(sd: dict, saved) -> set[str]:
+    """The keys of state dict `sd` absent from `saved` that share their storage with a key in `saved`: tied weights
+    (an output layer sharing the embedding's), which safetensors files hold under one name only."""
+    from accelerate.utils import id_tensor_storage
+    groups = {}
+    for k, v in sd.items():
+        if isinstance(v, torch.Tensor) and v.numel(): groups.setdefault(id_tensor_storage(v), []).append(k)
+    return {k for ks in groups.values() if any(x in saved for x in ks) for k in ks if k not in saved}
+
 def _check_keys(model: torch.nn.Module, file, strict: bool = True):
     from safetensors import safe_open
     with safe_open(str(file), framework='pt') as f:
         saved = {k: tuple(f.get_slice(k).get_shape()) for k in f.keys()}
-    mine = {k: tuple(v.shape) for k, v in model.state_dict().items()}
-    missing, unexpected = sorted(set(mine) - set(saved)), sorted(set(saved) - set(mine))
+    sd = model.state_dict()
+    mine = {k: tuple(v.shape) for k, v in sd.items()}
+    missing, unexpected = sorted(set(mine) - set(saved) - _tied(sd, saved)), sorted(set(saved) - set(mine))
     shapes = [f"{k}: checkpoint {saved[k]}, model {mine[k]}" for k in sorted(set(mine) & set(saved)) if saved[k] != mine[k]]
     if shapes or (strict and (missing or unexpected)):
         msg = [f"The checkpoint {file} does not fit the model ({type(model).__name__}):"]
@@ -196,8 +240,12 @@ def load_weights(model, path, strict: bool = True):
     if isinstance(model, Trainer): model = model.unwrapped_model
     verify_checkpoint(path)
     file = path / 'model.safetensors'
-    _check_keys(model, file, strict)
-    return model.load_state_dict(load_file(str(file), device=str(next(model.parameters()).device)), strict=strict)
+    _check_keys(model, file, strict)   # raises, when strict, on any key missing or unexpected
+    weights = load_file(str(file), device=str(next(model.parameters()).device))
+    tied = _tied(model.state_dict(), weights)   # loaded through the name they share storage with
+    res = model.load_state_dict(weights, strict=False)
+    res.missing_keys[:] = [k for k in res.missing_keys if k not in tied]
+    return res
 
 # %% ../nbs/06_checkpoint.ipynb #de5d4341
 def _is_checkpoint(h) -> bool: return callable(getattr(h, '_resumed', None))   # by shape: notebook and library classes mix
@@ -214,7 +262,24 @@ def _resolve(trainer, resume) -> Path:
 
 def resume_fit(trainer: Trainer, resume):
     "Load checkpoint `resume` ('last', 'best' or a path) into `trainer` for `fit(resume=...)` to continue from it."
-    t, acc, s = trainer, trainer.accelerator, trainer.state
+    t, acc = trainer, trainer.accelerator
+    _check_safe(acc)
+    if not hasattr(torch.serialization, 'add_safe_globals'):   # torch < 2.4: Accelerate's torch.load would unpickle freely
+        raise RuntimeError(f"Resuming needs torch>=2.4 (this is {torch.__version__}) to load optimizer and generator "
+                           "files with torch.load(weights_only=True)")
+    # the run directory before anything is read or changed: its lock (a second live run is refused here), and the
+    # checkpoint a save killed just before its rename left complete (put in place, so that 'last' finds it)
+    opened = []
+    try:
+        for h in t.hooks:
+            if _is_checkpoint(h) and h._open(): opened.append(h)
+        return _resume(t, resume)
+    except BaseException:
+        for h in opened: h._close()
+        raise
+
+def _resume(t: Trainer, resume) -> Path:
+    acc, s = t.accelerator, t.state
     path = _resolve(t, resume)
     if path is None: raise FileNotFoundError(f"No complete checkpoint to resume from (resume={resume!r})")
     verify_checkpoint(path)
@@ -250,7 +315,9 @@ def resume_fit(trainer: Trainer, resume):
     epoch, done = st['position']
     s.epochs = st['fit_start'] + epochs
     # the counters are as they were at the save (`opt_stepped` included: a hook may read it before the next batch)
-    if epoch < s.epochs: s.epoch, s.batch = epoch, 0
+    stopped = st.get('stopped')
+    if stopped: done = 0   # a fit stopped by `CancelFit` at this epoch's end: it stays stopped (see `Checkpoint`)
+    elif epoch < s.epochs: s.epoch, s.batch = epoch, 0
     else: s.epoch = epoch   # nothing left to train: the counters stay as the fit left them
     acc.step = st['accum_step']
     names = dict(_hook_key(t.hooks))
@@ -258,8 +325,11 @@ def resume_fit(trainer: Trainer, resume):
         if h.main_process_only and not acc.is_main_process: continue
         if k in st['hooks']: h.load_state_dict(st['hooks'][k])
         elif h.state_dict(): warnings.warn(f"The checkpoint holds no state for hook {k}: it starts afresh")
-    for h in t.hooks:
-        if _is_checkpoint(h): h._resumed(st, rng['epoch_start'] if done else None, path)
+    cks = [h for h in t.hooks if _is_checkpoint(h)]
+    for h in cks: h._resumed(st, rng['epoch_start'] if done else None, path)
+    if stopped and not cks:   # (with a Checkpoint hook, it stops the fit again with the same reason)
+        warnings.warn(f"The fit saved in {path} stopped there ({stopped}): nothing left to train")
+        s.epochs = s.epoch
     if done:
         def _epoch_iter(dl):
             set_rng_state(rng['epoch_start'], dl)   # the epoch's data order, as when it started
@@ -352,9 +422,11 @@ class Checkpoint(Hook):
         self.every_steps, self.every_seconds, self.at_epoch_end = every_steps, every_seconds, at_epoch_end
         self.keep_last, self.monitor, self.mode, self.load_best_at_end = keep_last, monitor, mode, load_best_at_end
         self.handle_signals, self.checksum, self.lock, self.config = handle_signals, checksum, lock, config
-        self.best_value, self.best_name, self.saved = None, None, []
+        self.best_value, self.best_name = None, None
+        self.saved = []   # the checkpoints this hook wrote in the current (or last) fit, oldest first
         self._signal, self._old_handlers, self._epoch_rng, self._fit_start, self._resume_rng = None, {}, None, None, None
-        self._locked, self._resumed_from = False, None
+        self._lock_fd, self._opened, self._resumed_from, self._stopped = None, False, None, None
+        self._saved_step, self._warned, self._in_epoch, self._epoch_ended = None, False, None, False
 
     # ---- where things are ----
     @property
@@ -380,27 +452,60 @@ class Checkpoint(Hook):
     def _resumed(self, st, epoch_rng, path):
         "Called by `resume_fit`: the interrupted fit's first epoch, the epoch-start generators of a mid-epoch resume, the checkpoint."
         self._fit_start, self._resume_rng, self._resumed_from = st['fit_start'], epoch_rng, Path(path)
+        self._stopped = st.get('stopped')
+
+    # ---- the run directory ----
+    def _open(self) -> bool:
+        """Check the run directory, take its lock, and tidy what a killed run left there; once per fit (`resume_fit`
+        calls it before loading anything, `before_fit` otherwise). Every process calls it. True if it opened it now."""
+        if self._opened: return False
+        t = self.trainer
+        acc = t.accelerator
+        if acc.project_configuration.automatic_checkpoint_naming:
+            raise ValueError("Checkpoint names its checkpoints itself: make the Accelerator without "
+                             "ProjectConfiguration(automatic_checkpoint_naming=True)")
+        _check_safe(acc)
+        err = None
+        if t.is_main_process:
+            try:
+                self.dir.mkdir(parents=True, exist_ok=True)
+                if self.lock: self._take_lock()
+                _recover(self.dir)
+            except Exception as e:
+                err = e
+                self._release_lock()
+        if acc.num_processes > 1:   # every process learns of a refusal (and waits for the tidying)
+            import torch.distributed as dist
+            x = torch.tensor([float(err is not None)], device=acc.device)
+            dist.all_reduce(x, op=dist.ReduceOp.MAX)
+            if x.item() and err is None:
+                raise RuntimeError(f"The main process could not open the run directory {self.dir} (see its error)")
+        if err is not None: raise err
+        self._opened = True
+        return True
+
+    def _close(self):
+        self._release_lock()
+        self._opened = False
 
     # ---- events ----
     def before_fit(self):
         t = self.trainer
-        if t.accelerator.project_configuration.automatic_checkpoint_naming:
-            raise ValueError("Checkpoint names its checkpoints itself: make the Accelerator without "
-                             "ProjectConfiguration(automatic_checkpoint_naming=True)")
         self._n_procs, self._last_save, self._signal = t.accelerator.num_processes, time.monotonic(), None
+        self.saved, self._saved_step, self._warned, self._in_epoch, self._epoch_ended = [], None, False, None, False
         if self._fit_start is None: self._fit_start = t.state.epoch
-        if t.is_main_process:
-            self.dir.mkdir(parents=True, exist_ok=True)
-            if self.lock: self._take_lock()
-            for p in self.dir.iterdir():   # what a process killed while saving or deleting left behind
-                if p.name.startswith(('.tmp-step-', '.trash-')): shutil.rmtree(p, ignore_errors=True)
-            self._write_config()
+        self._open()
+        if t.is_main_process: self._write_config()
+        if self._stopped is not None:   # resumed from the checkpoint of a fit that CancelFit stopped: it stays stopped
+            why, self._stopped = self._stopped, None
+            raise CancelFit(f"{why} (resumed from {self._resumed_from}, where the fit had stopped: nothing left to train)")
         if self.handle_signals and threading.current_thread() is threading.main_thread():
             for sig in (signal.SIGTERM, signal.SIGINT):
                 self._old_handlers[sig] = signal.signal(sig, self._on_signal)
 
     def before_epoch(self):
         t = self.trainer
+        self._in_epoch, self._epoch_ended = t.state.epoch, False
         if self._resume_rng is not None: self._epoch_rng, self._resume_rng = self._resume_rng, None
         else: self._epoch_rng = rng_state(t._train_dataloader(t.train_dl))
 
@@ -412,32 +517,55 @@ class Checkpoint(Hook):
         stop = self._signal
         if self._n_procs > 1 and (self.every_seconds is not None or self._old_handlers):
             due, stop = self._agree(due, stop)
+        # the epoch's last batch: the end-of-epoch save, moments later, saves this step (with the epoch done)
+        if due and self.at_epoch_end and s.batch + 1 == s.n_batches: due = False
         if due or stop: self.save()
         if stop: self._stop(stop)
 
     def after_epoch(self):
-        t, s = self.trainer, self.trainer.state
-        v = t.epoch_results.get(self.monitor) if self.monitor else None
-        better = isinstance(v, (int, float)) and not math.isnan(v) and (
-            self.best_value is None or (v < self.best_value if self.mode == 'min' else v > self.best_value))
-        if self.at_epoch_end or better:
-            if better: self.best_value, self.best_name = float(v), f'step-{s.step:08d}'
-            self.save(position=(s.epoch + 1, 0))
-            if better and t.is_main_process: self._write_best()
+        s = self.trainer.state
+        self._epoch_ended = True
+        self._end_epoch()
         stop = self._signal
         if self._n_procs > 1 and self._old_handlers: _, stop = self._agree(False, stop)
         if stop:
-            if not (self.at_epoch_end or better): self.save(position=(s.epoch + 1, 0))
+            self.save(position=(s.epoch + 1, 0))   # (nothing to do if this step is saved already)
             self._stop(stop)
+
+    def after_cancel(self):
+        t = self.trainer
+        # `CancelFit` from a hook's `after_epoch` before this one (`EarlyStopping`): the epoch is complete (its results
+        # got their 'time', set just before `after_epoch`) but was not saved: save it, marked as where the fit stopped
+        if (isinstance(t.cancelled, CancelFit) and self._in_epoch == t.state.epoch and not self._epoch_ended
+                and 'time' in t.epoch_results):
+            self._end_epoch(stopped=str(t.cancelled) or 'CancelFit')
 
     def after_fit(self):
         t = self.trainer
         for sig, h in self._old_handlers.items(): signal.signal(sig, h)
         self._old_handlers, self._fit_start, self._resume_rng, self._resumed_from = {}, None, None, None
-        if self._locked: self._release_lock()
+        self._stopped, self._in_epoch = None, None
+        self._close()
         if self.load_best_at_end and self.best is not None and not (
                 t.cancelled is not None and not isinstance(t.cancelled, CancelFit)):
             load_weights(t, self.best)
+
+    def _end_epoch(self, stopped: str | None = None):
+        "Track the best; save the epoch's end (when `at_epoch_end`, when it is the best, or when the fit stops here)."
+        t, s = self.trainer, self.trainer.state
+        res = t.epoch_results
+        if self.monitor and self.monitor not in res and not self._warned:
+            self._warned = True
+            warnings.warn(f"Checkpoint monitors {self.monitor!r}, which is not among this epoch's results {list(res)}: "
+                          "no checkpoint is marked best" + (" and load_best_at_end loads nothing" if self.load_best_at_end
+                                                            else "") + " (pass monitor= one of them, or monitor=None)")
+        v = res.get(self.monitor) if self.monitor else None
+        better = isinstance(v, (int, float)) and not math.isnan(v) and (
+            self.best_value is None or (v < self.best_value if self.mode == 'min' else v > self.best_value))
+        if self.at_epoch_end or better or stopped:
+            if better: self.best_value, self.best_name = float(v), f'step-{s.step:08d}'
+            self.save(position=(s.epoch + 1, 0), stopped=stopped)
+            if better and t.is_main_process: self._write_best()
 
     # ---- config ----
     def _write_config(self):
@@ -459,12 +587,15 @@ class Checkpoint(Hook):
         _write_config(self.dir, new)
 
     # ---- saving ----
-    def save(self, position=None) -> Path:
-        "Save a checkpoint now (every process must call this, at a step boundary); returns its path."
+    def save(self, position=None, stopped: str | None = None) -> Path:
+        "Save a checkpoint now (every process must call this, at a step boundary); returns its path. A step saved already in this fit is not saved again."
         t, s = self.trainer, self.trainer.state
-        path = save_checkpoint(t, self.dir / f'step-{s.step:08d}', position=position,
-                               epoch_rng=self._epoch_rng, checksum=self.checksum, fit_start=self._fit_start)
-        self._last_save = time.monotonic()
+        path = self.dir / f'step-{s.step:08d}'
+        if self._saved_step == s.step: return path
+        save_checkpoint(t, path, position=position, epoch_rng=self._epoch_rng, checksum=self.checksum,
+                        fit_start=self._fit_start, stopped=stopped)
+        self._saved_step, self._last_save = s.step, time.monotonic()
+        self.saved.append(path)
         if t.is_main_process: self._rotate()
         return path
 
@@ -501,40 +632,56 @@ class Checkpoint(Hook):
 
     # ---- lock ----
     def _take_lock(self):
+        """Hold `dir/LOCK`: an exclusive `flock` on it, which the system drops when the process ends, however it ends;
+        the file says which process holds it. A lock file nobody holds was left by a process that is gone: taken over."""
+        try: import fcntl
+        except ImportError:   # no flock on this platform
+            warnings.warn(f"File locks are not available here: {self.dir} is not locked against a second run")
+            return
         lock, me = self.dir / 'LOCK', {'pid': os.getpid(), 'host': socket.gethostname()}
         while True:
-            try:
-                fd = os.open(lock, os.O_CREAT | os.O_EXCL | os.O_WRONLY)
-            except FileExistsError:
-                try: other = json.loads(lock.read_text())
-                except (FileNotFoundError, ValueError): other = {}
-                if other.get('pid') == me['pid'] and other.get('host') == me['host']: break
-                if other and other.get('host') == me['host'] and _alive(other['pid']) or other.get('host') not in (None, me['host']):
-                    raise RuntimeError(f"{self.dir} is in use by process {other.get('pid')} on {other.get('host')} "
-                                       f"(its lock file {lock}); use another directory, or delete the lock if that run is gone")
-                warnings.warn(f"Taking over the lock of {self.dir} left by process {other.get('pid')}, which is gone")
-                try: lock.unlink()
-                except FileNotFoundError: pass
-                continue
-            with os.fdopen(fd, 'w') as f: json.dump(me, f); f.flush(); os.fsync(f.fileno())
-            break
-        self._locked = True
+            fd = os.open(lock, os.O_RDWR | os.O_CREAT, 0o644)
+            try: fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except OSError as e:
+                other = _lock_owner(fd, wait=True)
+                os.close(fd)
+                if e.errno not in (errno.EAGAIN, errno.EACCES):
+                    raise RuntimeError(f"Cannot lock {lock} ({e}): pass lock=False if this file system has no locks") from None
+                who = f"process {other.get('pid')} on {other.get('host')}" if other else "another process"
+                raise RuntimeError(f"{self.dir} is in use by {who} (its lock file {lock}): use another directory, "
+                                   "or stop that run first") from None
+            try: same = os.fstat(fd).st_ino == os.stat(lock).st_ino
+            except FileNotFoundError: same = False
+            if same: break
+            os.close(fd)   # its holder removed the file (releasing it) between our open and our lock: again
+        prev = _lock_owner(fd)
+        if prev and (prev.get('pid'), prev.get('host')) != (me['pid'], me['host']):
+            warnings.warn(f"Taking over the lock of {self.dir} left by process {prev.get('pid')}, which is gone")
+        os.ftruncate(fd, 0); os.pwrite(fd, json.dumps(me).encode(), 0); os.fsync(fd)
+        self._lock_fd = fd
 
     def _release_lock(self):
-        try: (self.dir / 'LOCK').unlink()
+        fd, self._lock_fd = self._lock_fd, None
+        if fd is None: return
+        try: (self.dir / 'LOCK').unlink()   # before unlocking: a process that opened the file meanwhile sees it gone
         except FileNotFoundError: pass
-        self._locked = False
+        os.close(fd)
 
-def _alive(pid: int) -> bool:
-    try: os.kill(pid, 0)
-    except ProcessLookupError: return False
-    except PermissionError: return True
-    return True
+def _lock_owner(fd: int, wait: bool = False) -> dict:
+    "Who the lock file open as `fd` says holds it ({} if it says nothing; `wait`: give its holder a second to write it)."
+    for _ in range(20 if wait else 1):
+        try: d = json.loads(os.pread(fd, 4096, 0) or b'null')
+        except ValueError: d = None
+        if isinstance(d, dict): return d
+        if wait: time.sleep(0.05)
+    return {}
+
 
 # %% ../nbs/06_checkpoint.ipynb #0871f29a
 class EarlyStopping(Hook):
     "Stop the fit when `monitor` has not improved by more than `min_delta` for `patience` epochs."
-    order = 82   # after MetricsLog (the last epoch is logged), before Checkpoint (which saves its state)
+    order = 82   # after MetricsLog (the last epoch is logged), before Checkpoint (which saves its state; when this
+                # stops the fit, Checkpoint saves the finished epoch in after_cancel, marked as where the fit stopped)
 
     def __init__(self, monitor: str = 'valid_loss', mode: str = 'min', patience: int = 3, min_delta: float = 0.):
         if mode not in ('min', 'max'): raise ValueError(f"mode must be 'min' or 'max', got {mode!r}")
@@ -592,16 +739,20 @@ class MetricsLog(MainProcessHook):
         p = Path(path)
         self.path = p / 'metrics.jsonl' if p.is_dir() or not p.suffix else p
         self.every_steps, self.trackers = every_steps, trackers
-        self._f, self._lo, self._t0 = None, None, None
+        self._f, self._lo, self._t0, self._cut = None, None, None, None
 
     def state_dict(self) -> dict:
         if self._f is not None: self._f.flush()
         return {'bytes': self.path.stat().st_size if self.path.exists() else 0, 'lo': self._lo}
 
     def load_state_dict(self, d: dict):
-        if self.path.exists() and self.path.stat().st_size > d['bytes']:
-            with open(self.path, 'r+b') as f: f.truncate(d['bytes'])   # drop the lines written after the checkpoint
-        self._lo = d['lo']
+        self._cut, self._lo = d['bytes'], d['lo']   # the file is cut back when the fit starts, not before
+
+    def _cut_back(self):
+        "Drop the lines written after the checkpoint this fit resumes from."
+        cut, self._cut = self._cut, None
+        if cut is not None and self.path.exists() and self.path.stat().st_size > cut:
+            with open(self.path, 'r+b') as f: f.truncate(cut)
 
     def _write(self, rec: dict):
         rec = {k: _plain(v) for k, v in rec.items()}
@@ -620,6 +771,7 @@ class MetricsLog(MainProcessHook):
             warnings.warn(f"The Accelerator has log_with={[str(x) for x in acc.log_with]} but no tracker started: call "
                           "accelerator.init_trackers(project_name) before fit for MetricsLog to log to them")
         self.path.parent.mkdir(parents=True, exist_ok=True)
+        self._cut_back()
         self._f, self._t0 = open(self.path, 'a'), time.time()
         if self._lo is None: self._lo = len(self.trainer.losses)
 
