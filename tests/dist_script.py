@@ -1,9 +1,13 @@
 """Trains a small regression model under `accelerate launch` (or alone) and saves what each process saw.
 
+A second run trains on an uneven set (`N_UNEVEN` samples: the last batch is padded over the processes) holding one
+NaN sample that only process 0 sees, with `nan_policy='skip'`.
+
 Usage: `accelerate launch ... tests/dist_script.py OUT_DIR [PER_PROCESS_BATCH]`. Each process writes
 `OUT_DIR/rank{R}.pt`; `tests/test_distributed.py` compares them with a single-process run.
 """
 import sys
+import warnings
 from pathlib import Path
 
 import torch
@@ -13,6 +17,7 @@ from torch.utils.data import DataLoader, TensorDataset
 from trainer_nb.core import Hook, MainProcessHook, PrintMetrics, Trainer
 
 N_TRAIN, N_VALID, EPOCHS, LR = 64, 101, 2, 0.1
+N_UNEVEN, NAN_ROW = 61, 20   # 61 = 3 x 16 + 13; row 20 is in the third batch of 8, which process 0 gets
 
 
 def make_data():
@@ -48,6 +53,21 @@ def make_trainer(batch_size, hooks=()):
                    metrics=[mae], hooks=[PrintMetrics(), *hooks], default_hooks=False)
 
 
+def uneven_run(batch_size: int) -> dict:
+    "Train on the first `N_UNEVEN` samples, row `NAN_ROW` made NaN, skipping non-finite losses."
+    x, y = make_data()[0].tensors
+    x = x[:N_UNEVEN].clone(); x[NAN_ROW] = float('nan')
+    t = Trainer(make_model(), DataLoader(TensorDataset(x, y[:N_UNEVEN]), batch_size=batch_size, shuffle=False),
+                loss_func=F.mse_loss, opt_func=torch.optim.SGD, lr=LR, nan_policy='skip', default_hooks=False)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter('always')
+        t.fit(EPOCHS)
+    return {'state': t.state.state_dict(),
+            'weights': {k: v.detach().cpu() for k, v in t.unwrapped_model.state_dict().items()},
+            'skipped': [str(w.message) for w in caught if 'Skipped batch' in str(w.message)],
+            'losses': t.losses.values.tolist()}
+
+
 def main(out_dir: Path, batch_size: int):
     everywhere, on_main = CountEverywhere(), CountOnMain()
     t = make_trainer(batch_size, hooks=[everywhere, on_main])
@@ -63,6 +83,7 @@ def main(out_dir: Path, batch_size: int):
         'preds': preds, 'targets': targets,
         'calls_everywhere': everywhere.calls, 'calls_on_main': on_main.calls,
         'describe': t.describe_hooks().to_dict(),
+        'uneven': uneven_run(batch_size),
     }
     out_dir.mkdir(parents=True, exist_ok=True)
     torch.save(res, out_dir / f"rank{res['rank']}.pt")

@@ -165,3 +165,29 @@ def test_fit_after_interrupt_mid_group_counts_steps(make_trainer):
     rec = Record(); t.add_hooks(rec)
     t.fit(1)
     assert rec.stepped == [False, True, False, True]
+
+
+@pytest.mark.parametrize('bad_batch', [2, 3], ids=['first-of-group', 'last-of-group'])
+def test_nan_skipped_micro_batch_never_leaks_into_the_next_group(make_trainer, bad_batch):
+    """grad_accum=2 over 6 batches, one NaN batch skipped. Skipping a group's first micro-batch leaves the other's
+    gradient to step with; skipping its last (the one that would step) drops the group: no step, and its first
+    micro-batch's gradient is not carried into the next group."""
+    from torch.utils.data import TensorDataset
+    x, y = regression_ds(24).tensors
+    x = x.clone(); x[4 * bad_batch + 1] = float('nan')
+    t = make_trainer(bs=4, grad_accum=2, opt_func=torch.optim.SGD, lr=0.1, nan_policy='skip')
+    t.train_dl = DataLoader(TensorDataset(x, y), batch_size=4)
+    with pytest.warns(UserWarning, match=rf"Skipped batch {bad_batch} of epoch 0"):
+        t.fit(1)
+
+    ref = small_model(); opt = torch.optim.SGD(ref.parameters(), lr=0.1)
+    batches = list(DataLoader(TensorDataset(x, y), batch_size=4))
+    steps = 0
+    for group in ((0, 1), (2, 3), (4, 5)):
+        if bad_batch == group[1]: opt.zero_grad(); continue       # the group ends with no step
+        for i in group:
+            if i != bad_batch: (F.mse_loss(ref(batches[i][0]), batches[i][1]) / 2).backward()
+        opt.step(); opt.zero_grad(); steps += 1
+    torch.testing.assert_close(flat(t.model), flat(ref), atol=1e-6, rtol=0)
+    assert t.state.step == steps == (2 if bad_batch == 3 else 3)
+    assert all(p.grad is None for p in t.model.parameters())

@@ -5,6 +5,7 @@ uses Accelerate's torchrun-based launcher (`--multi_gpu`) with `ACCELERATE_USE_C
 process join a gloo group on the CPU.
 """
 import importlib.util
+import math
 import os
 import subprocess
 import sys
@@ -118,3 +119,29 @@ def test_main_process_hook_runs_on_main_only(run):
     assert r0['describe'][col]['after_step'] == 'CountEverywhere (0), CountOnMain (0)'
     assert r1['describe'][col]['after_step'] == 'CountEverywhere (0), CountOnMain (0) [main process only]'
     assert r1['describe'][col]['after_epoch'] == 'PrintMetrics (90) [main process only]'
+
+
+def test_uneven_train_set_counts_real_samples(run):
+    "61 training samples in global batches of 16: the copies padding the last batch are not counted."
+    _, ranks = run
+    mod = _script_module()
+    for r in ranks:
+        s = r['uneven']['state']
+        assert s['iteration'] == mod.EPOCHS * 4
+        assert s['samples'] == mod.N_UNEVEN * mod.EPOCHS
+
+
+def test_nan_skip_on_one_process_skips_on_all(run):
+    "The NaN sample is in process 0's share of step 1 only: both processes skip that step, and stay in step."
+    _, (r0, r1) = run
+    mod = _script_module()
+    u0, u1 = r0['uneven'], r1['uneven']
+    for u in (u0, u1):
+        assert u['state']['step'] == mod.EPOCHS * 3          # one step of 4 skipped, in each epoch
+        assert len(u['skipped']) == mod.EPOCHS and all('Skipped batch 1 of epoch' in m for m in u['skipped'])
+        assert all(torch.isfinite(w).all() for w in u['weights'].values())
+    assert all('non-finite loss nan' in m for m in u0['skipped'])
+    assert all('non-finite loss on another process' in m for m in u1['skipped'])
+    assert math.isnan(u0['losses'][1]) and math.isfinite(u1['losses'][1])    # each logs its own loss
+    for k in u0['weights']:
+        assert torch.equal(u0['weights'][k], u1['weights'][k]), k

@@ -107,8 +107,12 @@ def test_nan_loss_raises_naming_iteration():
     t = Trainer(small_model(), DataLoader(_nan_ds(), batch_size=4), loss_func=F.mse_loss, hooks=[calls],
                 default_hooks=False)
     assert t.nan_policy == 'raise'
-    with pytest.raises(FloatingPointError, match=r"Non-finite loss \(nan\) at iteration 3\b.*nan_policy='skip'"):
-        t.fit(1)
+    with pytest.raises(FloatingPointError) as info:
+        t.fit(1)                                          # found at the end of the epoch, after batch 5
+    msg = str(info.value)
+    assert msg.startswith("Non-finite loss (nan) in epoch 0, batch 3 (iteration 3).")
+    assert "the weights after that step may already be non-finite" in msg and "nan_policy='skip'" in msg
+    assert "th batch" not in msg
     assert calls.log == ['before_fit', 'after_fit'] and not t.fitting
 
 
@@ -116,7 +120,7 @@ def test_nan_loss_found_at_mid_epoch_sync():
     "With sync_every=2 the NaN of batch 1 stops training at the sync after it, not at the end of the epoch."
     t = Trainer(small_model(), DataLoader(_nan_ds(bad=5), batch_size=4), loss_func=F.mse_loss,
                 sync_every=2, default_hooks=False)
-    with pytest.raises(FloatingPointError, match=r"at iteration 1\b"):
+    with pytest.raises(FloatingPointError, match=r"in epoch 0, batch 1 \(iteration 1\)"):
         t.fit(1)
     assert t.state.iteration == 2
 
@@ -125,7 +129,22 @@ def test_nan_loss_iteration_counts_across_fits():
     t = Trainer(small_model(), DataLoader(regression_ds(24), batch_size=4), loss_func=F.mse_loss, default_hooks=False)
     t.fit(1)
     t.train_dl = DataLoader(_nan_ds(), batch_size=4)
-    with pytest.raises(FloatingPointError, match=r"at iteration 9\b.*epoch 1"):
+    with pytest.raises(FloatingPointError, match=r"in epoch 1, batch 3 \(iteration 9\)"):
+        t.fit(1)
+
+
+def test_nan_loss_names_its_batch_after_a_shortened_epoch():
+    "Epoch 0 ends after 2 batches (CancelEpoch): the NaN of epoch 1's batch 3 is iteration 5, not epoch 0's batch 5."
+    from trainer_nb.core import CancelEpoch
+    class ShortFirstEpoch(Hook):
+        def before_step(self):
+            if self.trainer.state.epoch == 0 and self.trainer.state.batch == 2: raise CancelEpoch()
+    t = Trainer(small_model(), DataLoader(regression_ds(24), batch_size=4), loss_func=F.mse_loss,
+                hooks=[ShortFirstEpoch()], default_hooks=False)
+    t.fit(1)
+    assert t.state.iteration == 2
+    t.train_dl = DataLoader(_nan_ds(), batch_size=4)
+    with pytest.raises(FloatingPointError, match=r"in epoch 1, batch 3 \(iteration 5\)"):
         t.fit(1)
 
 
@@ -162,6 +181,33 @@ def test_metric_error_during_fit(make_trainer):
         t.fit(1)
     assert any("metric 'broken'" in n for n in info.value.__notes__)
     assert calls.log == ['before_fit', 'after_fit'] and not t.fitting
+
+
+def test_metrics_with_the_same_name(make_trainer):
+    with pytest.raises(ValueError, match=r"Two metrics are named '<lambda>'.*give each its own"):
+        make_trainer(metrics=[lambda p, y: 0.0, lambda p, y: 1.0])
+    def valid_loss(p, y): return 0.0
+    with pytest.raises(ValueError, match=r"can't be named 'valid_loss'"):
+        make_trainer(metrics=[valid_loss])
+    f, g = (lambda p, y: 0.0), (lambda p, y: 1.0)
+    g.__name__ = 'other'
+    t = make_trainer(n=8, bs=4, valid=8, metrics=[f, g])  # distinct names: both reported
+    assert t.evaluate().keys() == {'valid_loss', '<lambda>', 'other'}
+
+
+def test_lr_with_an_optimizer_instance(fresh_accelerate):
+    dl = DataLoader(regression_ds(16), batch_size=8)
+    def make(**kw):
+        model = small_model()
+        return Trainer(model, dl, loss_func=F.mse_loss, default_hooks=False,
+                       opt_func=torch.optim.SGD(model.parameters(), lr=0.05), **kw)
+    with pytest.warns(UserWarning, match=r"lr=0.1 ignored: the optimizer passed has its own, lr=0.05"):
+        t = make(lr=0.1)
+    assert t.lr == 0.05 and t.opt.param_groups[0]['lr'] == 0.05
+    with warnings.catch_warnings():
+        warnings.simplefilter('error')                    # no lr, or the same one: nothing to warn about
+        assert make().lr == 0.05 and make(lr=0.05).lr == 0.05
+        assert Trainer(small_model(), dl, loss_func=F.mse_loss, default_hooks=False).lr == 1e-3   # the default
 
 
 def test_metric_without_targets(make_trainer):

@@ -138,6 +138,116 @@ def test_cancel_epoch_still_validates(make_trainer):
     assert set(t.epoch_results) >= {'epoch', 'train_loss', 'valid_loss', 'time'} and t.epoch_results['epoch'] == 1
 
 
+# ---- cancel exceptions at every event: the table in nbs/00_core.ipynb ----
+
+V = ['before_valid', 'after_valid']
+FULL_EPOCH = ['before_epoch', *BATCH_EVENTS * 3, *V, 'after_epoch']
+RUN = ['before_fit', *FULL_EPOCH * 2, 'after_fit']        # 2 epochs of 3 batches, with validation
+
+
+def _raise_point(event):
+    "Index in RUN where the hook raises: the event's first time in epoch 0 (for batch events, in batch 1)."
+    if event in BATCH_EVENTS: return 2 + len(BATCH_EVENTS) + BATCH_EVENTS.index(event)
+    return {'before_fit': 0, 'before_epoch': 1, 'before_valid': 2 + 3 * len(BATCH_EVENTS)}.get(
+        event, 2 + 3 * len(BATCH_EVENTS) + (1 if event == 'after_valid' else 2))
+
+
+def _expected(event, exc):
+    "(log of the Recorder that runs after the raising hook, batches trained, outcome) as the table documents them."
+    prefix = RUN[:_raise_point(event)]
+    done = prefix.count('after_step') + (event == 'after_step')    # batches finished before the raise
+    allowed = {CancelStep: BATCH_EVENTS, CancelFit: [e for e in EVENTS if e not in ('after_cancel', 'after_fit')],
+               CancelEpoch: [e for e in EVENTS if e not in ('before_fit', 'after_cancel', 'after_fit')]}[exc]
+    if event not in allowed: return prefix + ['after_cancel', 'after_fit'], done, 'error'
+    if exc is CancelFit: return prefix + ['after_cancel', 'after_fit'], done, 'stopped'
+    if exc is CancelStep:   # the rest of batch 1 is dropped (after_step still runs), the fit goes on
+        rest = (['after_step'] if event != 'after_step' else []) + BATCH_EVENTS + V + ['after_epoch']
+        return prefix + rest + FULL_EPOCH + ['after_fit'], 6, None
+    rest = {'before_valid': ['after_epoch'], 'after_valid': ['after_epoch'], 'after_epoch': []}.get(
+        event, V + ['after_epoch'])        # before_epoch and batch events: the epoch's training ends
+    return prefix + rest + FULL_EPOCH + ['after_fit'], done + 3, None
+
+
+@pytest.mark.parametrize('exc', [CancelStep, CancelEpoch, CancelFit])
+@pytest.mark.parametrize('event', [e for e in EVENTS if e not in ('after_cancel', 'after_fit')])
+def test_cancel_at_every_event(make_trainer, event, exc):
+    "Each (event, exception) pair does what the table says; none escapes fit bare; the trainer stays usable."
+    rec = Recorder(order=1)
+    raiser = RaiseAt(event, exc, when=lambda s: s.epoch == 0 and (event not in BATCH_EVENTS or s.batch == 1))
+    t = make_trainer(n=12, bs=4, valid=8, hooks=[raiser, rec])
+    log, batches, outcome = _expected(event, exc)
+    if outcome == 'error':
+        with pytest.raises(RuntimeError, match=rf"^{exc.__name__} raised by hook RaiseAt at event '{event}', "
+                                               "where it has no meaning") as info:
+            t.fit(2)
+        assert isinstance(info.value.__cause__, exc) and isinstance(t.cancelled, RuntimeError)
+        assert f"raised by hook RaiseAt at event {event!r}" in info.value.__notes__
+    else:
+        t.fit(2)
+        assert isinstance(t.cancelled, CancelFit) if outcome == 'stopped' else t.cancelled is None
+    assert raiser.raised == 1
+    assert rec.log == log
+    s = t.state
+    assert (s.iteration, s.samples, len(t.losses)) == (batches, 4 * batches, batches)
+    assert all(p.grad is None for p in t.model.parameters()) and not t.fitting
+    t.remove_hooks(raiser)
+    t.fit(1)                                             # and it trains on
+    assert t.state.iteration == batches + 3 and t.cancelled is None
+
+
+@pytest.mark.parametrize('exc', [CancelStep, CancelEpoch, CancelFit])
+@pytest.mark.parametrize('event', ['after_cancel', 'after_fit'])
+def test_cancel_in_cleanup_events_is_an_error(make_trainer, event, exc):
+    "The fit is already stopping: any cancel exception there is an error, and the other hooks of the event still run."
+    rec = Recorder(order=1)
+    stop = RaiseAt('after_step', CancelFit, order=-1)     # so that after_cancel runs
+    t = make_trainer(n=8, bs=4, hooks=[stop, RaiseAt(event, exc), rec])
+    with pytest.raises(RuntimeError, match=rf"^{exc.__name__} raised by hook RaiseAt at event '{event}'.*"
+                                           "the fit is already stopping"):
+        t.fit(1)
+    assert rec.log == ['before_fit', 'before_epoch', *BATCH_EVENTS[:-1], 'after_cancel', 'after_fit']
+    assert not t.fitting
+
+
+@pytest.mark.parametrize('k,event', [(1, 'after_backward'), (2, 'before_step'), (2, 'after_backward')])
+def test_cancel_epoch_drops_unfinished_gradients(make_trainer, k, event):
+    "CancelEpoch in batch 1 of epoch 0: its gradients (and its unfinished group's) never reach a later step."
+    import torch.nn.functional as F
+    from conftest import regression_ds, small_model
+    t = make_trainer(n=16, bs=4, grad_accum=k, opt_func=torch.optim.SGD, lr=0.1,
+                     hooks=[RaiseAt(event, CancelEpoch, when=lambda s: s.epoch == 0 and s.batch == 1)])
+    t.fit(2)
+    ref = small_model(); opt = torch.optim.SGD(ref.parameters(), lr=0.1)
+    batches = [regression_ds(16)[i:i + 4] for i in range(0, 16, 4)]
+    groups = [[batches[0]]] if k == 1 else []            # epoch 0: batch 0 alone steps, or its group is dropped
+    groups += [batches[i:i + k] for i in range(0, 4, k)]  # epoch 1 in full, groups aligned from its start
+    for group in groups:
+        for x, y in group: (F.mse_loss(ref(x), y) / k).backward()
+        opt.step(); opt.zero_grad()
+    torch.testing.assert_close(flat(t.model), flat(ref), atol=1e-6, rtol=0)
+    assert t.state.step == len(groups)
+
+
+# ---- cleanup events run every hook ----
+
+@pytest.mark.parametrize('event', ['after_cancel', 'after_fit'])
+def test_cleanup_event_runs_every_hook_then_raises_the_first_error(make_trainer, event):
+    rec = Recorder(order=1)
+    first, later = RaiseAt(event, ValueError('first'), order=0), RaiseAt(event, TypeError('later'), order=2)
+    stop = RaiseAt('after_step', CancelFit, order=-1)
+    t = make_trainer(n=8, bs=4, hooks=[stop, first, rec, later])
+    with pytest.raises(ValueError) as info:
+        t.fit(1)
+    assert str(info.value) == 'first'
+    notes = info.value.__notes__
+    assert f"raised by hook RaiseAt at event {event!r}" in notes
+    assert any(f"hook RaiseAt at event {event!r} then raised TypeError: later" in n for n in notes), notes
+    assert later.raised == 1                              # the hook after the failing ones ran too
+    assert rec.log[-2:] == ['after_cancel', 'after_fit'] and not t.fitting
+    t.remove_hooks(stop, first, later)
+    t.fit(1)
+
+
 # ---- interrupts ----
 
 def test_keyboard_interrupt_in_hook(make_trainer):

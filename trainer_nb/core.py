@@ -22,13 +22,28 @@ EVENTS = ('before_fit', 'before_epoch', 'before_step', 'after_pred', 'after_loss
           'after_step', 'before_valid', 'after_valid', 'after_epoch', 'after_cancel', 'after_fit')
 
 class CancelStep(Exception):
-    "Raise in a hook to drop the rest of this batch. Raised after `backward`, it also discards the gradients accumulated so far."
+    "Raise in a batch event (`before_step` ... `after_step`) to drop the rest of this batch: no optimizer step on it."
 class CancelEpoch(Exception):
-    "Raise in a hook to stop this epoch's training batches; validation and `after_epoch` still run."
+    "Raise in an event of an epoch (`before_epoch` ... `after_epoch`) to end what is left of it; see the table above."
 class CancelFit(Exception):
     "Raise in a hook to stop training cleanly: `after_cancel` and `after_fit` run, `fit` returns normally."
 
 _CONTROL = (CancelStep, CancelEpoch, CancelFit)
+_BATCH_EVENTS = ('before_step', 'after_pred', 'after_loss', 'after_backward', 'after_step')
+_ALLOWED = {e: _CONTROL if e in _BATCH_EVENTS else                  # the control exceptions each event may raise
+               (CancelEpoch, CancelFit) if e in ('before_epoch', 'before_valid', 'after_valid', 'after_epoch') else
+               (CancelFit,) if e == 'before_fit' else () for e in EVENTS}
+
+def _misplaced(e: Exception, hook: str, event: str) -> RuntimeError:
+    "The error for a control exception raised at an event where it means nothing."
+    name = type(e).__name__
+    where = {CancelStep: "it drops a batch, so it belongs to the batch events " + ', '.join(_BATCH_EVENTS),
+             CancelEpoch: "it ends an epoch, so it belongs to the events from before_epoch to after_epoch"}
+    why = ("the fit is already stopping" if event in ('after_cancel', 'after_fit') else
+           next(w for c, w in where.items() if isinstance(e, c)) + "; raise CancelFit to stop training")
+    err = RuntimeError(f"{name} raised by hook {hook} at event {event!r}, where it has no meaning: {why}")
+    err.__cause__ = e
+    return err
 
 # %% ../nbs/00_core.ipynb #e280b4d6
 class Hook:
@@ -184,13 +199,13 @@ class Trainer:
                  train_step=None,     # or `train_step(batch, trainer) -> {'loss': ..., ...}`
                  eval_step=None,      # `eval_step(batch, trainer) -> {'loss'?, 'preds', 'targets'}`
                  opt_func=torch.optim.AdamW,  # optimizer factory `(params, lr=)`, or an optimizer instance
-                 lr: float = 1e-3,
+                 lr: float | None = None,  # 1e-3 unless given (an optimizer instance keeps its own LR)
                  metrics=(),          # callables `(preds, targets) -> number`, over the whole validation set
                  hooks=(), default_hooks: bool = True,
                  scheduler=None,      # `scheduler(optimizer, total_steps) -> LRScheduler`, built at each fit
                  mixed_precision: str = 'no',  # 'no' | 'bf16' | 'fp16'
                  grad_accum: int = 1, max_grad_norm: float | None = None,
-                 nan_policy: str = 'raise',    # 'raise' | 'skip' (checks each loss: one sync per step)
+                 nan_policy: str = 'raise',    # 'raise' | 'skip' (checks each loss: one host-device sync per step)
                  sync_every: int = 100,         # batches between moving losses to the host
                  cpu: bool = False,
                  log_with=None, project_dir=None,  # experiment trackers, as Accelerate's `log_with` (e.g. 'tensorboard')
@@ -205,7 +220,8 @@ class Trainer:
             raise ValueError(f"nan_policy must be 'raise' or 'skip', got {nan_policy!r}")
         if loss_func is None and train_step is None:
             warnings.warn("No loss_func or train_step given: batches must be dicts and the model must return a loss")
-        if not (isinstance(lr, (int, float)) and lr > 0): raise ValueError(f"lr must be a positive number, got {lr!r}")
+        if lr is not None and not (isinstance(lr, (int, float)) and lr > 0):
+            raise ValueError(f"lr must be a positive number, got {lr!r}")
         if accelerator is not None:
             given = [n for n, v, default in (('mixed_precision', mixed_precision, 'no'), ('grad_accum', grad_accum, 1),
                                              ('cpu', cpu, False), ('log_with', log_with, None),
@@ -223,14 +239,27 @@ class Trainer:
         self.metrics = list(metrics)
         for m in self.metrics:
             if not callable(m): raise TypeError(f"metrics must be callables (preds, targets) -> number, got {m!r}")
+        names = [_name_of(m) for m in self.metrics]   # the keys of their results
+        for n in names:
+            if names.count(n) > 1:
+                raise ValueError(f"Two metrics are named {n!r}, and results are keyed by name: give each its own "
+                                 "(a def, or set f.__name__ = '...' on a lambda or partial)")
+            if n in ('epoch', 'train_loss', 'valid_loss', 'time'):
+                raise ValueError(f"A metric can't be named {n!r}: the trainer reports its own {n!r} under that key")
         self.max_grad_norm, self.nan_policy, self.sync_every = max_grad_norm, nan_policy, sync_every
         self.scheduler_func, self.scheduler = scheduler, None
-        opt = opt_func if isinstance(opt_func, torch.optim.Optimizer) else opt_func(model.parameters(), lr=lr)
+        if isinstance(opt_func, torch.optim.Optimizer):
+            opt = opt_func
+            if lr is not None and lr != opt.param_groups[0]['lr']:
+                warnings.warn(f"lr={lr} ignored: the optimizer passed has its own, lr={opt.param_groups[0]['lr']} "
+                              "(set it on the optimizer, or pass a factory such as opt_func=torch.optim.AdamW)", stacklevel=2)
+        else: opt = opt_func(model.parameters(), lr=1e-3 if lr is None else lr)
         self._base_lrs = [g['lr'] for g in opt.param_groups]
         self.model, self.opt = self.accelerator.prepare(model, opt)
         self.train_dl, self.valid_dl = train_dl, valid_dl
         self._prepared = {}   # id(dataloader) -> (dataloader, prepared one)
         self._epoch_iter = None   # set when resuming mid-epoch (see `_one_epoch`)
+        self._epoch_start = 0     # iteration of the current epoch's first batch
         self.state, self.losses = StepState(), LossLog()
         self.hooks: list[Hook] = []
         self.fitting = False
@@ -325,19 +354,38 @@ def _resolve(self):
     no_scaler = acc.scaler is None and acc.distributed_type in plain_types
     opt = self.opt.optimizer if no_scaler else self.opt
     self._opt_step, self._zero_grad = opt.step, opt.zero_grad
+    self._drop_grad = getattr(self.opt, 'optimizer', self.opt).zero_grad   # works mid-group too, unlike Accelerate's
     self._backward = torch.Tensor.backward if no_scaler and self.grad_accum == 1 else acc.backward
     self._scaler = acc.scaler
     self._n_procs = acc.num_processes
+
+def _hook_error(e: BaseException, hook: str, event: str) -> BaseException:
+    "What to raise for `e`, raised by `hook` at `event`: named in a note, and a control exception out of place as an error."
+    if isinstance(e, _CONTROL) and not isinstance(e, _ALLOWED[event]): e = _misplaced(e, hook, event)
+    _annotate(e, f"raised by hook {hook} at event {event!r}")
+    return e
 
 @patch_to(Trainer)
 def _call(self, event):
     "Run one event's hooks, naming the hook and the event in any error they raise."
     for name, f in self._ev[event]:
         try: f()
-        except _CONTROL: raise
         except BaseException as e:
-            _annotate(e, f"raised by hook {name} at event {event!r}")
-            raise
+            err = _hook_error(e, name, event)
+            if err is e: raise
+            raise err from e
+
+@patch_to(Trainer)
+def _call_all(self, event):
+    "Run every hook of a cleanup event even if some raise; then raise the first error (the others named in its notes)."
+    first = None
+    for name, f in self._ev[event]:
+        try: f()
+        except BaseException as e:
+            err = _hook_error(e, name, event)
+            if first is None: first = err
+            else: _annotate(first, f"hook {name} at event {event!r} then raised {type(err).__name__}: {err}")
+    if first is not None: raise first
 
 # %% ../nbs/00_core.ipynb #51af11d2
 @patch_to(Trainer)
@@ -364,8 +412,10 @@ def _make_batch_fn(self):
         'before_step', 'after_pred', 'after_loss', 'after_backward', 'after_step'))
     train_step, loss_func, losses, pending = self.train_step, self.loss_func, self.losses, self.losses.pending
     backward, opt_step, zero_grad, scaler = self._backward, self._opt_step, self._zero_grad, self._scaler
+    drop_grad = self._drop_grad
     every_batch, skip_nan, sync_every, n_procs = self.grad_accum == 1, self.nan_policy == 'skip', self.sync_every, self._n_procs
     accumulate = None if every_batch else acc.accumulate
+    rows = _batch_size if n_procs == 1 else lambda batch: _rows_everywhere(acc, _batch_size(batch))
 
     def forward(batch):
         "The batch's loss (hooks may replace `trainer.batch`, `.preds` and `.loss` at their events)."
@@ -393,9 +443,14 @@ def _make_batch_fn(self):
             call('after_loss'); loss = self.loss
         d = loss.detach()
         pending.append(d)
-        if skip_nan and not torch.isfinite(d):
-            warnings.warn(f"Skipped batch {s.batch} of epoch {s.epoch} (iteration {s.iteration}): non-finite loss {d.item()}")
-            raise CancelStep()
+        if skip_nan:
+            bad = ~torch.isfinite(d)
+            if n_procs > 1: bad = acc.reduce(bad.float(), 'sum') > 0   # all skip together: see "Several processes"
+            if bad:
+                v = d.item()
+                warnings.warn(f"Skipped batch {s.batch} of epoch {s.epoch} (iteration {s.iteration}): "
+                              + (f"non-finite loss {v}" if not math.isfinite(v) else "non-finite loss on another process"))
+                raise CancelStep()
         backward(loss)
         self._backward_done = True
         if after_backward: call('after_backward')
@@ -416,19 +471,29 @@ def _make_batch_fn(self):
             else:
                 with accumulate(model): step(batch)
         except CancelStep:
-            if self._backward_done: zero_grad(set_to_none=True)   # its gradients are mixed in: drop the group's
+            # drop the group's gradients when this batch's are mixed in, or when the group ends here with no step
+            if every_batch or self._backward_done or acc.sync_gradients: drop_grad(set_to_none=True)
             if len(losses) == s.iteration: losses.append_skipped()
-        s.samples += _batch_size(batch) * n_procs
+        s.samples += rows(batch)
         s.iteration += 1
         if len(pending) >= sync_every: self.flush_losses()
-        if after_step: call('after_step')
-        self.loss = self.preds = self.out = None   # don't keep the graph alive between batches
+        try:
+            if after_step: call('after_step')
+        except CancelStep: pass   # the batch is done: only the remaining after_step hooks are skipped
+        finally: self.loss = self.preds = self.out = None   # don't keep the graph alive between batches
     return train_batch
+
+def _rows_everywhere(acc, bs: int) -> int:
+    """Samples in this batch over all processes: `bs` on each, except in the last batch of a dataset that doesn't
+    divide evenly, which Accelerate pads with copies: there only the `remainder` real ones."""
+    gs = acc.gradient_state
+    if gs.end_of_dataloader and gs.remainder > 0: return gs.remainder
+    return bs * acc.num_processes
 
 @patch_to(Trainer)
 def flush_losses(self):
     """Move pending losses to the host (one transfer) and check every chunk moved since the last check:
-    with `nan_policy='raise'` a non-finite loss raises, naming its iteration. Hooks that need the losses call this."""
+    with `nan_policy='raise'` a non-finite loss raises, naming its epoch, batch and iteration. Hooks that need the losses call this."""
     self.losses.flush()
     unchecked, self.losses.unchecked = self.losses.unchecked, []
     if self.nan_policy == 'skip': return
@@ -437,11 +502,14 @@ def flush_losses(self):
         if finite.all(): continue
         bad = [i for i in (~finite).nonzero().flatten().tolist() if first + i not in self.losses.skipped]
         if bad:
-            it = first + bad[0]
+            it, s = first + bad[0], self.state
+            # the losses not checked yet are all of the current epoch: it is checked in full at its end
+            where = f"epoch {s.epoch}, batch {it - self._epoch_start}" if it >= self._epoch_start else "an earlier epoch"
             raise FloatingPointError(
-                f"Non-finite loss ({chunk[bad[0]].item()}) at iteration {it} (the {it}th batch trained; found at "
-                f"epoch {self.state.epoch}, batch {self.state.batch}). Lower the LR, set max_grad_norm=, check the data, "
-                "or pass nan_policy='skip' to skip such batches")
+                f"Non-finite loss ({chunk[bad[0]].item()}) in {where} (iteration {it}). Losses are checked when they "
+                f"reach the host (every sync_every={self.sync_every} batches and at the end of each epoch): its backward "
+                "pass ran, and the weights after that step may already be non-finite. Lower the LR, set "
+                "max_grad_norm=, check the data, or pass nan_policy='skip' to skip such batches")
 
 # %% ../nbs/00_core.ipynb #b6682c8d
 @patch_to(Trainer)
@@ -559,28 +627,35 @@ def fit(self, epochs: int, lr: float | None = None,
             s.epoch += 1
     except CancelFit as e:
         self.cancelled = e
-        self._call('after_cancel')
+        self._call_all('after_cancel')
     except BaseException as e:
         self.cancelled = e
         self._cleanup()
-        self._call('after_cancel')
+        self._call_all('after_cancel')
         raise
     finally:
         self._cleanup()
         self.fitting = False
-        self._call('after_fit')
+        self._call_all('after_fit')
 
 @patch_to(Trainer)
 def _cleanup(self):
     "Leave the model usable: no half-accumulated gradients, the loss log complete, no graph kept."
-    acc = self.accelerator
-    acc.gradient_state._set_sync_gradients(True)   # first: Accelerate's zero_grad does nothing while it is False
-    acc.step = 0                                   # a new accumulation group starts at the next fit
-    self._zero_grad(set_to_none=True)
+    self._drop_unfinished()
     try: self.losses.flush()                       # keep the losses of the batches that ran
     except Exception: self.losses.pending.clear()  # (a broken device must not hide the original error)
     self.losses.unchecked.clear()                  # the next fit checks only its own
     self.loss = self.preds = self.out = self._epoch_iter = None
+
+@patch_to(Trainer)
+def _drop_unfinished(self):
+    "Forget a batch that stopped half-way (its logged loss) and the gradients of an unfinished accumulation group."
+    pending, extra = self.losses.pending, len(self.losses) - self.state.iteration
+    if extra > 0: del pending[max(0, len(pending) - extra):]
+    acc = self.accelerator
+    acc.gradient_state._set_sync_gradients(True)
+    acc.step = 0                                   # the next batch starts a new accumulation group
+    self._drop_grad(set_to_none=True)
 
 @patch_to(Trainer)
 def _build_scheduler(self, epochs):
@@ -596,25 +671,32 @@ def _one_epoch(self, dl):
     s.batch, t0 = 0, time.perf_counter()
     self.epoch_results = {}
     self.model.train()
-    if self._ev['before_epoch']: self._call('before_epoch')
-    # resuming mid-epoch: `_epoch_iter(dl)` sets `s.batch` to the batches already done and returns an iterator past them
-    it, self._epoch_iter = (iter(dl) if self._epoch_iter is None else self._epoch_iter(dl)), None
-    first = len(self.losses) - s.batch
+    self._epoch_start = len(self.losses)
     try:
+        if self._ev['before_epoch']: self._call('before_epoch')
+        # resuming mid-epoch: `_epoch_iter(dl)` sets `s.batch` to the batches already done and returns an iterator past them
+        it, self._epoch_iter = (iter(dl) if self._epoch_iter is None else self._epoch_iter(dl)), None
+        self._epoch_start = len(self.losses) - s.batch
         train_batch = self._batch_fn
         for batch in it:
             train_batch(batch)
             s.batch += 1
-    except CancelEpoch: pass
-    if s.batch == 0 and s.n_batches == 0: raise ValueError("train_dl yielded no batches")
+        if s.batch == 0 and s.n_batches == 0: raise ValueError("train_dl yielded no batches")
+    except CancelEpoch:
+        self._epoch_iter = None
+        self._drop_unfinished()
     self.flush_losses()
-    self.epoch_results = {'epoch': s.epoch, 'train_loss': self._epoch_train_loss(first)}
+    self.epoch_results = {'epoch': s.epoch, 'train_loss': self._epoch_train_loss(self._epoch_start)}
     if self.valid_dl is not None:
-        if self._ev['before_valid']: self._call('before_valid')
-        self.epoch_results.update(self.evaluate())
-        if self._ev['after_valid']: self._call('after_valid')
+        try:
+            if self._ev['before_valid']: self._call('before_valid')
+            self.epoch_results.update(self.evaluate())
+            if self._ev['after_valid']: self._call('after_valid')
+        except CancelEpoch: pass   # from before_valid: no validation; from after_valid: its remaining hooks skipped
     self.epoch_results['time'] = time.perf_counter() - t0
-    if self._ev['after_epoch']: self._call('after_epoch')
+    try:
+        if self._ev['after_epoch']: self._call('after_epoch')
+    except CancelEpoch: pass       # the remaining after_epoch hooks are skipped
 
 @patch_to(Trainer)
 def _epoch_train_loss(self, first):
