@@ -1,6 +1,7 @@
-"""lr_find: exact restore (also after an interrupt, with optimizer state), suggestions, param groups, apply,
-gradient accumulation + bf16, terminal output and plot file, the widget's controls, and a real 2-process run."""
-import math, os, random, socket, subprocess, sys, textwrap
+"""lr_find: exact restore (also after an interrupt or an error, with optimizer state; fp16 + CUDA on a GPU), the stop
+rule, suggestions, param groups, apply, gradient accumulation + bf16, terminal output and plot file, the widget's
+controls, nothing written to the working directory by two finders side by side, and a real 2-process run."""
+import hashlib, json, math, os, random, socket, subprocess, sys, textwrap
 from pathlib import Path
 
 import numpy as np
@@ -11,7 +12,8 @@ from torch import nn
 from torch.utils.data import DataLoader, TensorDataset
 
 from trainer_nb.core import Trainer, Hook, LossLog
-from trainer_nb.lr_find import LRFindResult, suggest, suggest_valley, suggest_steep, suggest_minimum, suggest_slide
+from trainer_nb.lr_find import (LRFindResult, MIN_POINTS, suggest, suggest_valley, suggest_steep, suggest_minimum,
+                                suggest_slide)
 
 pytestmark = pytest.mark.usefixtures('fresh_accelerate')
 ROOT = Path(__file__).resolve().parents[1]
@@ -90,17 +92,27 @@ def test_rngs_are_restored():
     assert torch.equal(torch.get_rng_state(), states[2])
 
 
-def test_interrupted_sweep_restores_everything():
-    calls = {'n': 0, 'armed': True}
-    def loss_func(preds, y):
+@pytest.mark.parametrize('where, exc', [('loss', KeyboardInterrupt), ('model', RuntimeError)])
+def test_interrupted_sweep_restores_everything(where, exc):
+    "Ctrl-C in the loss function, or an error raised by the model's forward pass, 40 steps into the sweep."
+    calls = {'n': 0, 'armed': True, 'changed': False}
+    def tick():
         calls['n'] += 1
-        if calls['armed'] and calls['n'] == 5: raise KeyboardInterrupt
+        if calls['armed'] and calls['n'] == 40:
+            calls['changed'] = not same(weights(t), w0)   # the sweep had moved the weights
+            raise exc('stop here')
+    def loss_func(preds, y):
+        if where == 'loss': tick()
         return F.cross_entropy(preds, y)
     t = make(loss_func=loss_func); seed_all()
-    w0 = weights(t)
-    with pytest.raises(KeyboardInterrupt): t.lr_find(show=False)
-    assert calls['n'] == 5 and same(weights(t), w0)
-    assert len(t.hooks) == 1 and isinstance(t.hooks[0], Counter) and t.state.iteration == 0 and not t.fitting
+    if where == 'model': t.unwrapped_model[0].register_forward_pre_hook(lambda m, i: tick())
+    w0, rng0 = weights(t), torch.get_rng_state()
+    with pytest.raises(exc, match='stop here'): t.lr_find(show=False)
+    assert calls['n'] == 40 and calls['changed']
+    assert same(weights(t), w0) and torch.equal(torch.get_rng_state(), rng0)
+    assert t.opt.optimizer.state_dict()['state'] == {}
+    assert len(t.hooks) == 1 and isinstance(t.hooks[0], Counter) and t.hooks[0].steps == 0
+    assert t.state.iteration == 0 and len(t.losses) == 0 and not t.fitting and t.valid_dl is not None
     calls['armed'] = False
     t.fit(2)
     assert same(weights(t), reference())
@@ -149,6 +161,75 @@ def test_diverging_sweep_stops_and_restores():
     # lrs grow exponentially: a constant ratio between consecutive steps
     r = np.diff(np.log(res.lrs))
     assert np.allclose(r, math.log(1e10) / 99)
+
+
+def scripted(values):
+    "A loss function whose value at its i-th call is `values[i]` (the model still gets a zero gradient)."
+    calls = []
+    def loss_func(preds, y):
+        calls.append(None)
+        return F.cross_entropy(preds, y) * 0 + values[len(calls) - 1]
+    return loss_func
+
+
+# best 0.5 at step 1; 2.0 is exactly 4x the best (no stop), 2.5 at step 6 is the first value above it, 4.5 above 8x
+STOP_CURVE = [1.0, 0.5, 0.5, 1.0, 2.0, 1.5, 2.5, 3.0, 4.0, 4.5] + [0.25] * 30
+
+
+def ema(values, beta):
+    avg, out = 0.0, []
+    for i, v in enumerate(values):
+        avg = beta * avg + (1 - beta) * v
+        out.append(avg / (1 - beta ** (i + 1)))
+    return out
+
+
+@pytest.mark.parametrize('beta, div, stop', [(0.0, 4, 6), (0.0, 8, 9), (0.5, 4, None)])
+def test_stops_where_the_smoothed_loss_first_exceeds_div_times_its_best(beta, div, stop):
+    smooth = ema(STOP_CURVE, beta)
+    first = next(i for i in range(len(smooth)) if smooth[i] > div * min(smooth[:i + 1]))
+    if stop is not None: assert first == stop   # the curve is built so (with no smoothing, the raw loss decides)
+    assert first < 10
+    t = make(loss_func=scripted(STOP_CURVE)); seed_all()
+    res = t.lr_find(show=False, num_it=len(STOP_CURVE), beta=beta, div=div)
+    assert len(res.lrs) == len(res.raw_losses) == first + 1     # the step that crossed is the last one
+    assert res.raw_losses == STOP_CURVE[:first + 1] and res.losses == pytest.approx(smooth[:first + 1], rel=1e-12)
+    assert res.stop_reason == f'the smoothed loss exceeded {div:g}x its best'
+
+
+def test_negative_losses_run_the_whole_sweep():
+    "A ratio to a negative best means nothing: the rule is off, and the sweep runs to num_it."
+    curve = [float(v) for v in -1 - 0.5 * np.tanh(np.linspace(-3, 3, 30)) + 0.001 * np.arange(30) ** 2]
+    assert max(curve) < 0 and np.argmin(curve) < 25                   # negative; falls, then rises
+    assert all(v > 4 * min(curve) for v in curve)                      # every point "exceeds" 4x the best
+    t = make(loss_func=scripted(curve)); seed_all()
+    res = t.lr_find(show=False, num_it=30, beta=0.0)
+    assert len(res.lrs) == 30 and res.stop_reason == 'done'
+    assert res.raw_losses == pytest.approx(curve, rel=1e-6)
+    assert set(res.suggestions) == {'valley', 'steep', 'minimum', 'slide'}
+
+
+def test_too_short_sweep_raises_with_its_curve():
+    t = make(loss_func=scripted([1.0, 0.5, 3.0] + [0.5] * 20)); seed_all()
+    w0 = weights(t)
+    with pytest.raises(ValueError, match='Only 3 usable points') as info: t.lr_find(show=False, num_it=20, beta=0.0)
+    r = info.value.result
+    assert isinstance(r, LRFindResult) and r.trainer is t and r.suggestions == {}
+    assert r.raw_losses == r.losses == [1.0, 0.5, 3.0] and len(r.lrs) == 3 and r.lrs[0] == 1e-7
+    assert r.stop_reason == 'the smoothed loss exceeded 4x its best'
+    assert any('`result`' in n for n in info.value.__notes__)
+    assert len(r.plot().axes[0].lines) >= 2                   # the curve can still be drawn
+    assert same(weights(t), w0) and t.state.iteration == 0   # restored before raising
+
+
+@pytest.mark.parametrize('num_it', [0, 2, MIN_POINTS - 1, 50.0, True])
+def test_num_it_below_min_points_is_refused_up_front(num_it):
+    t = make(loss_func=scripted([1.0] * 100))
+    with pytest.raises(ValueError, match=f'num_it must be an int >= {MIN_POINTS}'):
+        t.lr_find(show=False, num_it=num_it)
+    assert t.loss_func.__closure__[0].cell_contents == []     # refused before any step
+    res = t.lr_find(show=False, num_it=MIN_POINTS, start_lr=1e-5, end_lr=1e-3)
+    assert len(res.lrs) == MIN_POINTS and res.valley > 0
 
 
 def test_smoothing_is_debiased_ema():
@@ -253,7 +334,36 @@ def test_suggestion_methods_can_be_chosen():
     with pytest.raises(ValueError, match='Unknown suggestion'): t.lr_find(show=False, suggest_funcs=('valey',))
 
 
-# ---------------------------------------------------------------- widget (its controls; a browser test drives it elsewhere)
+# ---------------------------------------------------------------- plot and widget (a browser test drives the widget elsewhere)
+
+def test_plot_has_one_marker_per_suggestion(tmp_path):
+    t = make(); seed_all()
+    res = t.lr_find(show=False, num_it=40)
+    for r in (res, LRFindResult(res.lrs, res.losses, res.raw_losses, {'steep': res.suggestions['steep'], 'mine': 3e-4})):
+        ax = r.plot().axes[0]
+        marks = [l for l in ax.lines if l.get_marker() not in ('None', None, '')]
+        assert len(marks) == len(r.suggestions)
+        assert [l.get_label().split()[0] for l in marks] == list(r.suggestions)
+        assert [l.get_xdata()[0] for l in marks] == list(r.suggestions.values())
+        assert len({l.get_marker() for l in marks}) == len(marks)   # told apart by their shape
+        # each sits on the smoothed curve
+        x, y = np.log10(r.lrs), np.asarray(r.losses)
+        assert all(l.get_ydata()[0] == pytest.approx(np.interp(math.log10(l.get_xdata()[0]), x, y)) for l in marks)
+
+
+def test_slider_reaches_every_suggestion():
+    "On a curve that only rises, minimum, valley and slide lie a decade below the sweep: the slider must get there."
+    t = make()
+    lrs = list(np.logspace(-7, 1, 50)); losses = list(np.linspace(1, 3, 50))
+    s = {**suggest(lrs, losses), 'beyond': 100.0}
+    assert s['minimum'] < lrs[0] and s['slide'] < lrs[0] and s['beyond'] > lrs[-1]
+    w = LRFindResult(lrs, losses, losses, s, 'done', t).widget
+    for name, lr in s.items():
+        assert 10 ** w.slider.min <= lr <= 10 ** w.slider.max
+        w.picks.value = name
+        assert w.slider.value == lr                            # not clamped to the sweep's range
+        w.button.click()
+        assert t.lr == lr
 
 def test_widget_controls():
     t = make(); seed_all()
@@ -275,6 +385,45 @@ def test_widget_controls():
 
 
 # ---------------------------------------------------------------- subprocesses: terminal, bf16 + accumulation, 2 processes
+
+def test_nothing_written_and_two_finders_side_by_side(tmp_path):
+    "Two processes sweep at the same time in one working directory: it stays as it was, and each gets a lone run's result."
+    work, tmp, sync = tmp_path / 'work', tmp_path / 'tmp', tmp_path / 'sync'
+    for d in (work, tmp, sync): d.mkdir()
+    (work / 'data.txt').write_text('mine')
+    script = tmp_path / 'finder.py'
+    script.write_text(SETUP + textwrap.dedent("""
+    import hashlib, pathlib, time
+    if len(sys.argv) > 2:   # wait until both processes are here, so that the two sweeps overlap
+        sync = pathlib.Path(sys.argv[1]); (sync / sys.argv[2]).touch()
+        while len(list(sync.iterdir())) < 2: time.sleep(0.01)
+    torch.manual_seed(1)
+    t = make()
+    res = t.lr_find(num_it=60)
+    t.fit(1)
+    digest = hashlib.sha256(b''.join(w.numpy().tobytes() for w in weights(t))).hexdigest()
+    print('RESULT', json.dumps({'lrs': res.lrs, 'raw': res.raw_losses, 'suggestions': res.suggestions, 'weights': digest}))
+    """))
+    # (creating the Accelerator makes torch's compile cache directory under TMPDIR: that one is put aside)
+    env = dict(os.environ, PYTHONPATH=str(ROOT), OMP_NUM_THREADS='1', TMPDIR=str(tmp), MPLCONFIGDIR=str(tmp_path / 'mpl'),
+               TORCHINDUCTOR_CACHE_DIR=str(tmp_path / 'inductor'))
+    def start(*args):
+        return subprocess.Popen([PY, str(script), str(sync), *args], cwd=work, env=env, text=True,
+                                stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    def result(p):
+        out, err = p.communicate(timeout=240)
+        assert p.returncode == 0, out + err
+        assert 'valley' in out                                  # show=True: the suggestions were printed
+        return json.loads(out.split('RESULT ')[1])
+    before = sorted(os.listdir(work))
+    alone = result(start())
+    a, b = start('a'), start('b')
+    ra, rb = result(a), result(b)
+    assert sorted(os.listdir(work)) == before == ['data.txt'] and (work / 'data.txt').read_text() == 'mine'
+    assert os.listdir(tmp) == []                                # no temporary files left behind either
+    assert len(alone['lrs']) > 10
+    assert ra == rb == alone
+
 
 def run_script(code, tmp_path, *args, cmd=None):
     script = tmp_path / 'script.py'
@@ -379,3 +528,37 @@ json.dump({'suggestions': res.suggestions, 'raw': res.raw_losses, 'restored': re
     assert r0['iteration'] == r1['iteration'] == 16     # 256 samples / 16 per batch / 2 processes, 2 epochs
     assert r0['final'] == r1['final']                   # the ranks stay in sync through training after the sweep
     assert p.stdout.count('valley') == 1                # only the main process prints
+
+
+# ---------------------------------------------------------------- CUDA: fp16 with its gradient scaler, CUDA RNG
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason='needs a CUDA GPU (torch.cuda.is_available() is False)')
+@pytest.mark.parametrize('epochs_before', [0, 1])
+def test_fp16_scaler_and_cuda_rng_are_restored(epochs_before):
+    "Dropout on the GPU draws from the CUDA RNG; the fp16 scaler's scale and growth tracker move with every step."
+    def build():
+        torch.manual_seed(0)
+        model = nn.Sequential(nn.Linear(10, 32), nn.ReLU(), nn.Dropout(0.3), nn.Linear(32, 2))
+        return Trainer(model, DataLoader(data(), batch_size=32, shuffle=True), loss_func=F.cross_entropy,
+                       mixed_precision='fp16', default_hooks=False)
+    t = build(); seed_all()
+    assert t.device.type == 'cuda'
+    if epochs_before: t.fit(epochs_before)
+    scaler = t.accelerator.scaler
+    assert isinstance(scaler, torch.amp.GradScaler) and scaler.is_enabled()
+    sd0, cuda0, w0 = scaler.state_dict(), torch.cuda.get_rng_state(), weights(t)
+    during = []
+    t.loss_func = lambda p, y: (during.append((scaler.state_dict(), torch.cuda.get_rng_state())), F.cross_entropy(p, y))[1]
+    res = t.lr_find(show=False, num_it=60)
+    assert len(res.lrs) > 10
+    # the sweep did move both (so the checks below can fail)
+    assert any(sd != sd0 for sd, _ in during[1:]) and not torch.equal(during[-1][1], cuda0)
+    assert scaler.state_dict() == sd0
+    assert torch.equal(torch.cuda.get_rng_state(), cuda0)
+    assert same([w.cpu() for w in weights(t)], [w.cpu() for w in w0])
+    t.loss_func = F.cross_entropy
+    t.fit(1)
+    ref = build(); seed_all()
+    if epochs_before: ref.fit(epochs_before)
+    ref.fit(1)
+    assert same(weights(t), weights(ref))

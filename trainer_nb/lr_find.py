@@ -206,7 +206,8 @@ class _Sweep(Hook):
         smooth = self.avg / (1 - self.beta ** len(self.raw))
         self.smooth.append(smooth)
         self.best = min(self.best, smooth)
-        if smooth > self.div * self.best: self.stop = f'the smoothed loss exceeded {self.div:g}x its best'; raise CancelFit()
+        if self.best > 0 and smooth > self.div * self.best:   # a ratio to a best <= 0 means nothing (see above)
+            self.stop = f'the smoothed loss exceeded {self.div:g}x its best'; raise CancelFit()
         if len(self.lrs) == len(self.sched): self.stop = 'done'; raise CancelFit()
 
     def after_epoch(self):
@@ -305,11 +306,15 @@ class LRFindWidget:
         self.result = result
         lrs = result.lrs
         start = result._lr(None) if result.suggestions else math.sqrt(lrs[0] * lrs[-1])
+        # `minimum` and `slide` divide by 10 and can lie below the sweep's first LR: the slider must reach them, or it
+        # would clamp them (a hair wider than the extremes, so that 10**min cannot round above the smallest one)
+        ends = [lrs[0], lrs[-1], *(v for v in result.suggestions.values() if 0 < v < math.inf)]
+        lo, hi = math.log10(min(ends)) - 1e-9, math.log10(max(ends)) + 1e-9
         self.fig = result.plot(lr=start)
         self.vline = result._vline
         self.vline.set_visible(True)
         self.image = W.Image(value=_png(self.fig), format='png', layout=W.Layout(width='640px'))
-        self.slider = W.FloatLogSlider(value=start, base=10, min=math.log10(lrs[0]), max=math.log10(lrs[-1]), step=0.01,
+        self.slider = W.FloatLogSlider(value=start, base=10, min=lo, max=hi, step=0.01,
                                        description='LR', readout_format='.2e', continuous_update=True,
                                        layout=W.Layout(width='520px'))
         self.slider.add_class('tnb-lr-slider')
@@ -350,9 +355,11 @@ def _in_notebook() -> bool:
 @patch_to(Trainer)
 def lr_find(self: Trainer, start_lr: float = 1e-7, end_lr: float = 10, num_it: int = 100, beta: float = 0.98,
             div: float = 4., show: bool = True, suggest_funcs=tuple(SUGGESTIONS)) -> LRFindResult:
-    "Sweep the LR exponentially from `start_lr` to `end_lr` over `num_it` optimizer steps; restore everything; suggest LRs."
+    """Sweep the LR exponentially from `start_lr` to `end_lr` over `num_it` optimizer steps; restore everything; suggest LRs.
+    A sweep that stops before `MIN_POINTS` usable steps raises a `ValueError` whose `result` holds the curve so far."""
     if not (0 < start_lr < end_lr): raise ValueError(f"Need 0 < start_lr < end_lr, got {start_lr!r} and {end_lr!r}")
-    if not (isinstance(num_it, int) and num_it >= 2): raise ValueError(f"num_it must be an int >= 2, got {num_it!r}")
+    if not (isinstance(num_it, int) and num_it >= MIN_POINTS):
+        raise ValueError(f"num_it must be an int >= {MIN_POINTS} (a suggestion needs {MIN_POINTS} points), got {num_it!r}")
     if not (0 <= beta < 1): raise ValueError(f"beta must be in [0, 1), got {beta!r}")
     if not div > 1: raise ValueError(f"div must be > 1, got {div!r}")
     if self.fitting: raise RuntimeError("Can't run lr_find while fit is running")
@@ -387,7 +394,8 @@ def lr_find(self: Trainer, start_lr: float = 1e-7, end_lr: float = 10, num_it: i
     res = LRFindResult(list(sweep.lrs), losses, list(sweep.raw), {}, sweep.stop or '', self)
     try: res.suggestions = suggest(res.lrs, res.losses, suggest_funcs)
     except ValueError as e:
-        e.add_note(f"The sweep stopped after {len(sweep.raw)} steps: {sweep.stop}")
+        e.add_note(f"The sweep stopped after {len(sweep.raw)} steps: {sweep.stop}. The error's `result` holds its curve.")
+        e.result = res   # the steps that ran, with no suggestions: to plot or inspect
         raise
     if show and main:
         if _in_notebook():
