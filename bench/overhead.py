@@ -4,6 +4,11 @@ Run: `.venv/bin/python bench/overhead.py [--steps 1500] [--reps 9]`. Contenders 
 repetition starting at the next contender (so none always runs right after another); each line is
 `NAME: S steps/s, R x raw`. The run of `--redraw-steps` steps then shows where the notebook defaults' time goes: the
 steady-state ratio against a raw loop of the same length, the share spent redrawing, and the fixed cost per fit.
+
+With `--cuda` (needs a CUDA GPU): the same three contenders on the GPU with a larger MLP (batches already on the
+device), then two checks of host-device syncs: the training loop with the Recorder runs under
+`torch.cuda.set_sync_debug_mode('error')`, where any sync raises, and the notebook defaults run under 'warn', counting
+the syncs their redraws make.
 """
 import argparse, time, warnings
 import torch, torch.nn as nn, torch.nn.functional as F
@@ -69,12 +74,111 @@ def redraw_share(steps=20_000):
 
 CONTENDERS = {'raw loop': raw_loop, 'trainer (no hooks)': trainer_no_hooks, 'trainer (notebook defaults)': trainer_notebook}
 
+# ---- on a GPU ----
+
+def make_gpu(steps, device='cuda', bs=256, d_in=512, width=2048, n_distinct=16):
+    "An MLP of 3 hidden layers of `width`, and `steps` batches already on `device` (`n_distinct` of them, repeated)."
+    g = torch.Generator().manual_seed(0)
+    xs = [(torch.randn(bs, d_in, generator=g).to(device), torch.randint(0, 10, (bs,), generator=g).to(device))
+          for _ in range(n_distinct)]
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(d_in, width), nn.ReLU(), nn.Linear(width, width), nn.ReLU(),
+                          nn.Linear(width, width), nn.ReLU(), nn.Linear(width, 10)).to(device)
+    return model, [xs[i % n_distinct] for i in range(steps)]
+
+def _sync(device):
+    if torch.device(device).type == 'cuda': torch.cuda.synchronize()
+
+def gpu_raw_loop(steps, device='cuda'):
+    model, data = make_gpu(steps, device)
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
+    _sync(device); t = time.perf_counter()
+    for x, y in data:
+        loss = F.cross_entropy(model(x), y)
+        loss.backward()
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+    _sync(device)
+    return steps / (time.perf_counter() - t)
+
+def _gpu_trainer(steps, hooks, device='cuda', **kw):
+    from trainer_nb.core import Trainer
+    model, data = make_gpu(steps, device)
+    return Trainer(model, data, loss_func=F.cross_entropy, opt_func=torch.optim.AdamW, lr=1e-3, default_hooks=False,
+                   hooks=hooks, cpu=torch.device(device).type == 'cpu', **kw)
+
+def _timed_fit(tr, device):
+    _sync(device); t = time.perf_counter()
+    tr.fit(1)
+    _sync(device)
+    return time.perf_counter() - t
+
+def gpu_trainer_no_hooks(steps, device='cuda'): return steps / _timed_fit(_gpu_trainer(steps, [], device), device)
+
+def _notebook_hooks():
+    from trainer_nb.recorder import Recorder
+    from trainer_nb.progress import Progress
+    from trainer_nb.liveplot import LivePlot
+    return [Recorder(), Progress(mode='widget'), LivePlot(mode='widget')]
+
+def gpu_trainer_notebook(steps, device='cuda'):
+    return steps / _timed_fit(_gpu_trainer(steps, _notebook_hooks(), device), device)
+
+GPU_CONTENDERS = {'raw loop (cuda)': gpu_raw_loop, 'trainer (cuda, no hooks)': gpu_trainer_no_hooks,
+                  'trainer (cuda, notebook defaults)': gpu_trainer_notebook}
+
+def sync_check(steps, device='cuda') -> str:
+    """Train `steps` steps with the Recorder, the losses kept on the device for the whole epoch, with torch's sync
+    debug mode at 'error' from the second step to the last but one: a host-device sync in any of them raises."""
+    from trainer_nb.core import Hook
+    from trainer_nb.recorder import Recorder
+    class Guard(Hook):
+        order = 1000   # after every other hook's after_step
+        def after_step(self):
+            it = self.trainer.state.iteration
+            if it == 1: torch.cuda.set_sync_debug_mode('error')
+            elif it == steps - 1: torch.cuda.set_sync_debug_mode('default')   # the epoch's end syncs, once
+    tr = _gpu_trainer(steps, [Recorder(), Guard()], device, sync_every=10 * steps)
+    try: tr.fit(1)
+    except RuntimeError as e:
+        return f"sync check FAILED: a host-device sync at iteration {tr.state.iteration}: {str(e).splitlines()[0]}"
+    finally: torch.cuda.set_sync_debug_mode('default')
+    n = len(tr.get_hook(Recorder).steps)
+    assert n == steps, n
+    return f"sync check: no host-device sync in steps 2..{steps - 1} (trainer + Recorder, set_sync_debug_mode('error'))"
+
+def sync_count(steps, device='cuda') -> str:
+    "The host-device syncs of a fit with the notebook defaults (sync debug mode 'warn': one warning per sync)."
+    tr = _gpu_trainer(steps, _notebook_hooks(), device)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter('always')
+        torch.cuda.set_sync_debug_mode('warn')
+        try: wall = _timed_fit(tr, device)
+        finally: torch.cuda.set_sync_debug_mode('default')
+    n = sum('synchroniz' in str(w.message) for w in caught)
+    prog, plot = tr.hooks[1], tr.hooks[2]
+    return (f"syncs with the notebook defaults: {n} in {steps} steps, {wall:.1f} s (loss transfers every "
+            f"{tr.sync_every} batches, dashboard redraws {prog.n_draws}, plot redraws {plot.n_draws}, end of epoch)")
+
+def run_gpu(a):
+    if not torch.cuda.is_available(): raise SystemExit("--cuda needs a CUDA GPU (torch.cuda.is_available() is False)")
+    print(f"GPU: {torch.cuda.get_device_name()}, MLP 512-2048-2048-2048-10, batch 256, AdamW")
+    for f in GPU_CONTENDERS.values(): f(50)   # warm up (CUDA context, kernels, cuBLAS handles)
+    best, names = {n: 0.0 for n in GPU_CONTENDERS}, list(GPU_CONTENDERS)
+    for r in range(a.reps):
+        for n in names[r % len(names):] + names[:r % len(names)]: best[n] = max(best[n], GPU_CONTENDERS[n](a.steps))
+    for n, v in best.items(): print(f"{n}: {v:.0f} steps/s, {v / best['raw loop (cuda)']:.3f} x raw")
+    print(sync_check(a.steps))
+    print(sync_count(a.steps))
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument('--steps', type=int, default=1500)
     ap.add_argument('--reps', type=int, default=9)
     ap.add_argument('--redraw-steps', type=int, default=20_000, help='steps of the redraw-share run (0: skip it)')
+    ap.add_argument('--cuda', action='store_true', help='on the GPU, with a larger MLP, and the sync checks')
     a = ap.parse_args()
+    if a.cuda: return run_gpu(a)
     torch.set_num_threads(1)
     for f in CONTENDERS.values(): f(100)   # warm up
     best = {n: 0.0 for n in CONTENDERS}

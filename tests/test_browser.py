@@ -1,6 +1,7 @@
 """What a notebook user sees: a real JupyterLab in headless Chromium running a fit with Progress + LivePlot,
-and a notebook executed headlessly (nbclient) whose saved file keeps the static curves."""
-import base64, time
+and notebooks executed headlessly (nbclient) whose saved files keep the static curves and the final dashboard, also
+when a fit was stopped early or failed."""
+import base64, re, time
 
 from conftest import REPO
 from jupyter_lab import KERNEL, jupyter_env, lab_server, needs_browser, notebook_page, run_all_cells, write_notebook
@@ -11,25 +12,31 @@ import sys, time
 sys.path.insert(0, {str(REPO)!r})
 import torch, torch.nn as nn, torch.nn.functional as F
 from torch.utils.data import DataLoader, TensorDataset
-from trainer_nb.core import Trainer, Hook
+from trainer_nb.core import Trainer, Hook, CancelFit
 from trainer_nb.recorder import Recorder
 from trainer_nb.progress import Progress, detect_mode
 from trainer_nb.liveplot import LivePlot
 print('mode', detect_mode())"""
 
-def fit_cell(sleep, epochs):
+def fit_cell(sleep, epochs, raise_at=None, exc=None):
+    "A fit of `epochs` epochs of 250 batches; with `raise_at`, a hook raises `exc` (source code) at that iteration."
+    stop = f"""
+class Stop(Hook):
+    def after_step(self):
+        if self.trainer.state.iteration == {raise_at}: raise {exc}
+""" if raise_at else ''
     return f"""\
 class Slow(Hook):
     "Makes each step take a little time, so that the run lasts a few seconds."
     def after_step(self): time.sleep({sleep})
-
+{stop}
 torch.manual_seed(0)
 x = torch.randn(2400, 8); y = x @ torch.randn(8, 1) + 0.1 * torch.randn(2400, 1)
 dl = DataLoader(TensorDataset(x[:2000], y[:2000]), batch_size=8, shuffle=True)
 vdl = DataLoader(TensorDataset(x[2000:], y[2000:]), batch_size=100)
 plot = LivePlot(every=0.3, max_share=0.2)
 tr = Trainer(nn.Sequential(nn.Linear(8, 32), nn.ReLU(), nn.Linear(32, 1)), dl, vdl, loss_func=F.mse_loss,
-             lr=3e-3, cpu=True, default_hooks=False, hooks=[Recorder(), Progress(every=0.2), plot, Slow()],
+             lr=3e-3, cpu=True, default_hooks=False, hooks=[Recorder(), Progress(every=0.2), plot, Slow()]{' + [Stop()]' if raise_at else ''},
              scheduler=lambda opt, n: torch.optim.lr_scheduler.OneCycleLR(opt, 1e-2, total_steps=n))
 tr.fit({epochs})"""
 
@@ -74,6 +81,8 @@ def test_jupyterlab_live_dashboard_and_plot(tmp_path):
     # the dashboard advanced: several distinct texts, and the batch counter went up
     assert len(progress) >= 3, progress
     assert any('epoch' in p and '/250' in p for p in progress), progress
+    # with elapsed time and ETA, for the fit and for the epoch: '[00:01<00:02]', '[00:00<00:01, 98.1 it/s]'
+    assert any(len(re.findall(r'\[\d\d:\d\d<\d\d:\d\d[,\]]', p)) == 2 for p in progress), progress
     # the live image changed at least twice while training
     assert len(srcs) >= 3, f"live plot image changed {len(srcs) - 1} times"
     # afterwards: the widgets are gone, a static PNG and the static results table are in the output
@@ -83,26 +92,55 @@ def test_jupyterlab_live_dashboard_and_plot(tmp_path):
     assert st['done_html'] and st['done_html'][0].startswith('done'), st['done_html']
     assert 'valid_loss' in st['done_html'][0]
 
-def test_nbclient_saved_notebook_keeps_static_png(tmp_path, monkeypatch):
+def run_nbclient(tmp_path, monkeypatch, cells, allow_errors=False):
+    "Execute a notebook of `cells` with nbclient on the test kernel; returns the saved (and re-read) notebook."
     import nbformat
     from nbclient import NotebookClient
     env = jupyter_env(tmp_path)
     for k in ('JUPYTER_PATH', 'JUPYTER_CONFIG_DIR', 'JUPYTER_RUNTIME_DIR', 'JUPYTER_DATA_DIR', 'IPYTHONDIR', 'MPLBACKEND'):
         monkeypatch.setenv(k, env[k])
     path = tmp_path / 'run.ipynb'
-    write_notebook(path, [SETUP, fit_cell(sleep=0, epochs=2), DONE])
+    write_notebook(path, cells)
     nb = nbformat.read(str(path), as_version=4)
-    NotebookClient(nb, timeout=120, kernel_name=KERNEL, resources={'metadata': {'path': str(tmp_path)}}).execute()
+    NotebookClient(nb, timeout=120, kernel_name=KERNEL, allow_errors=allow_errors,
+                   resources={'metadata': {'path': str(tmp_path)}}).execute()
     nbformat.write(nb, str(path))
-    saved = nbformat.read(str(path), as_version=4)
+    return nbformat.read(str(path), as_version=4)
+
+def pngs_of(outs): return [base64.b64decode(o['data']['image/png']) for o in outs if 'image/png' in o.get('data', {})]
+def htmls_of(outs): return [o['data']['text/html'] for o in outs if 'text/html' in o.get('data', {})]
+def widget_views(outs): return [o for o in outs if 'application/vnd.jupyter.widget-view+json' in o.get('data', {})]
+
+def test_nbclient_saved_notebook_keeps_static_png(tmp_path, monkeypatch):
+    saved = run_nbclient(tmp_path, monkeypatch, [SETUP, fit_cell(sleep=0, epochs=2), DONE])
     outs = [o for c in saved.cells for o in c.get('outputs', [])]
     text = ''.join(o.get('text', '') for o in outs)
     assert 'mode widget' in text and 'ALL DONE' in text
-    pngs = [o['data']['image/png'] for o in outs if 'image/png' in o.get('data', {})]
+    pngs = pngs_of(outs)
     assert len(pngs) == 1, "one static PNG of the curves"
-    raw = base64.b64decode(pngs[0])
-    assert raw[:8] == b'\x89PNG\r\n\x1a\n' and len(raw) > 5000
-    htmls = [o['data']['text/html'] for o in outs if 'text/html' in o.get('data', {})]
+    assert pngs[0][:8] == b'\x89PNG\r\n\x1a\n' and len(pngs[0]) > 5000
+    htmls = htmls_of(outs)
     assert any('trainer-nb-progress-done' in h and 'valid_loss' in h and h.count('<tr') == 3 for h in htmls), htmls
     # the live widgets' outputs were replaced in place: nothing in the saved file needs a widget to show
-    assert not [o for o in outs if 'application/vnd.jupyter.widget-view+json' in o.get('data', {})]
+    assert not widget_views(outs)
+
+def test_nbclient_stopped_and_failed_fits_leave_static_outputs(tmp_path, monkeypatch):
+    "A fit stopped by CancelFit in its second epoch, and one failing with an exception in its first."
+    cells = [SETUP, fit_cell(sleep=0, epochs=2, raise_at=300, exc="CancelFit('enough')"),
+             fit_cell(sleep=0, epochs=2, raise_at=100, exc="RuntimeError('bad batch')"), DONE]
+    saved = run_nbclient(tmp_path, monkeypatch, cells, allow_errors=True)
+    stopped, failed = saved.cells[1].outputs, saved.cells[2].outputs
+    assert 'ALL DONE' in ''.join(o.get('text', '') for o in saved.cells[3].outputs)
+    assert not [o for o in stopped if o.output_type == 'error']
+    assert [o.ename for o in failed if o.output_type == 'error'] == ['RuntimeError']   # the error still surfaces
+    for outs in (stopped, failed):
+        pngs = pngs_of(outs)
+        assert len(pngs) == 1 and pngs[0][:4] == b'\x89PNG' and len(pngs[0]) > 5000, "one static PNG of the curves"
+        assert not widget_views(outs), "no live widget left in the saved file"
+    # the dashboard's final state: how the fit ended, where, and the epochs that completed
+    done = [h for h in htmls_of(stopped) if 'trainer-nb-progress-done' in h]
+    assert len(done) == 1 and 'stopped early (enough)' in done[0] and 'epoch 2/2, batch 50/250' in done[0], done
+    assert done[0].count('<tr') == 2   # the table: a header and the one epoch that finished
+    done = [h for h in htmls_of(failed) if 'trainer-nb-progress-done' in h]
+    assert len(done) == 1 and 'failed: RuntimeError: bad batch' in done[0] and 'epoch 1/2, batch 100/250' in done[0]
+    assert '<tr' not in done[0]   # no epoch finished: no table

@@ -1,9 +1,12 @@
-"""In a terminal (a plain python process, no kernel): a text bar, one line per epoch, the curves written to a file,
-and a clean close on Ctrl-C."""
-import subprocess, sys, textwrap
-from pathlib import Path
+"""Progress and LivePlot outside a notebook frontend. In a terminal (a plain python process, no kernel): a text bar, one
+line per epoch, the curves written to a file, and a clean close on Ctrl-C. With a real clock: the redraws keep to
+their throttle, and the dashboard shows an ETA. With two processes: only the main one shows or writes anything."""
+import os, re, subprocess, sys, time
 
-REPO = Path(__file__).resolve().parents[1]
+import torch, torch.nn as nn, torch.nn.functional as F
+from torch.utils.data import DataLoader, TensorDataset
+
+from conftest import REPO, VENV_BIN, free_port
 
 SCRIPT = """\
 import sys, torch, torch.nn as nn, torch.nn.functional as F
@@ -60,3 +63,112 @@ def test_terminal_keyboard_interrupt_closes_cleanly(tmp_path):
     assert [l.split()[0] for l in out[2:-1]] == ['0'], out             # the first epoch (40 batches) completed
     assert out[-1] == 'fit interrupted'
     assert png.read_bytes()[:4] == b'\x89PNG'                          # the curves so far are still written
+
+
+# ---- in this process, with the real clock ----
+
+def sleepy_trainer(hooks, n_batches=40, sleep=0.012, epochs=2):
+    "A fit of about `epochs * n_batches * sleep` seconds (a hook sleeps at each step)."
+    from trainer_nb.core import Trainer, Hook
+    from trainer_nb.recorder import Recorder
+    class Sleep(Hook):
+        def after_step(self): time.sleep(sleep)
+    torch.manual_seed(0)
+    x = torch.randn(n_batches * 8, 4); y = x @ torch.tensor([[1.], [-2.], [3.], [.5]])
+    dl = DataLoader(TensorDataset(x, y), batch_size=8)
+    return Trainer(nn.Linear(4, 1), dl, dl, loss_func=F.mse_loss, lr=0.05, cpu=True, default_hooks=False,
+                   hooks=[Recorder(), Sleep(), *hooks])
+
+def test_default_throttles_are_honoured():
+    "Default `every`: 0.5 s for the plot, 0.3 s for the dashboard, over a fit of about 2 s timed by the real clock."
+    from trainer_nb.core import Hook
+    from trainer_nb.progress import Progress
+    from trainer_nb.liveplot import LivePlot
+    prog, plot = Progress(mode='widget'), LivePlot(mode='widget')
+    assert (prog.every, plot.every) == (0.3, 0.5)
+    plot_times, prog_times = [], []
+    class Watch(Hook):
+        "Notes when each redraw of the plot and of the dashboard made during the steps finished."
+        order = 40
+        def before_fit(self): self.n = self.m = 0
+        def after_step(self):
+            if plot.n_draws > self.n: plot_times.append(time.perf_counter()); self.n = plot.n_draws
+            if prog.n_draws > self.m: prog_times.append(time.perf_counter()); self.m = prog.n_draws
+    tr = sleepy_trainer([prog, plot, Watch()], n_batches=80)
+    t = time.perf_counter()
+    tr.fit(2)
+    wall = time.perf_counter() - t
+    assert wall > 1.8
+    # the plot: at most one redraw per 0.5 s (plus the final one), and it did redraw while training
+    assert 2 <= plot.n_draws <= wall / 0.5 + 2, (plot.n_draws, wall)
+    assert len(plot_times) >= 1 and all(b - a >= 0.5 for a, b in zip(plot_times, plot_times[1:])), plot_times
+    # the dashboard: at most one redraw per 0.3 s, plus those an epoch forces (start, validation, end: 3 an epoch)
+    assert 4 <= prog.n_draws <= wall / 0.3 + 2 * 3 + 1, (prog.n_draws, wall)
+    assert len(prog_times) >= 3, prog_times
+
+def test_dashboard_shows_an_eta():
+    from trainer_nb.core import Hook
+    from trainer_nb.progress import Progress
+    prog = Progress(mode='widget', every=0.1)
+    seen = {}
+    class Look(Hook):
+        order = 40
+        def after_step(self):
+            if self.trainer.state.iteration == 60:   # a quarter of the fit: 2 epochs of 120 batches
+                seen.update(epoch=prog.w_epoch_txt.value, batch=prog.w_batch_txt.value, t=time.perf_counter())
+    tr = sleepy_trainer([prog, Look()], n_batches=120, sleep=0.008)
+    tr.fit(2)
+    left = time.perf_counter() - seen['t']   # the real time left at that moment
+    eta = re.compile(r'\[(\d\d):(\d\d)&lt;(\d\d):(\d\d)')
+    m = eta.search(seen['epoch'])   # the fit's elapsed time and ETA, e.g. '1/2 [00:01&lt;00:02]'
+    assert m and seen['epoch'].startswith('1/2'), seen
+    fit_eta = 60 * int(m[3]) + int(m[4])
+    assert 0.5 * left - 1 <= fit_eta <= 2 * left + 1, (seen['epoch'], left)
+    m = eta.search(seen['batch'])   # the epoch's (as of the last redraw, at most 0.1 s before): '59/120 [00:01&lt;00:01, ...'
+    assert m and 50 <= int(seen['batch'].split('/')[0]) <= 60 and '/120 [' in seen['batch'] and 'it/s' in seen['batch'], seen
+    assert '?' not in seen['epoch'] + seen['batch']
+    assert prog.w_epoch_bar.max == 2 and prog.w_batch_bar.max == 120
+
+
+# ---- two processes ----
+
+DIST_SCRIPT = """\
+import os, sys, torch, torch.nn as nn, torch.nn.functional as F
+sys.path.insert(0, {repo!r})
+from torch.utils.data import DataLoader, TensorDataset
+from trainer_nb.core import Trainer
+from trainer_nb.recorder import Recorder
+from trainer_nb.progress import Progress
+from trainer_nb.liveplot import LivePlot
+rank = int(os.environ['RANK'])
+sys.stderr = open(f'stderr{{rank}}.txt', 'w')   # the text bar writes to stderr: one file per process
+out = open(f'stdout{{rank}}.txt', 'w')
+torch.manual_seed(0)
+x = torch.randn(256, 4); y = x @ torch.tensor([[1.], [-2.], [3.], [.5]])
+dl = DataLoader(TensorDataset(x, y), batch_size=16)
+prog, plot = Progress(mode='text', file=out, every=0), LivePlot(mode='text', path=f'curves{{rank}}.png')
+tr = Trainer(nn.Linear(4, 1), dl, dl, loss_func=F.mse_loss, lr=0.05, default_hooks=False, hooks=[Recorder(), prog, plot])
+tr.fit(2)
+print('rank', rank, 'of', tr.accelerator.num_processes, 'redraws', prog.n_draws, plot.n_draws,
+      'steps', len(tr.get_hook(Recorder).steps), file=out, flush=True)
+"""
+
+def test_only_the_main_process_shows_anything(tmp_path):
+    "Progress and LivePlot are MainProcessHooks: in a real two-process run (gloo, CPU) the other process stays silent."
+    script = tmp_path / 'two.py'
+    script.write_text(DIST_SCRIPT.format(repo=str(REPO)))
+    env = dict(os.environ, ACCELERATE_USE_CPU='1', OMP_NUM_THREADS='1', PYTHONUNBUFFERED='1')
+    cmd = [str(VENV_BIN / 'accelerate'), 'launch', '--multi_gpu', '--num_processes', '2', '--num_machines', '1',
+           '--mixed_precision', 'no', '--dynamo_backend', 'no', '--main_process_port', str(free_port()), str(script)]
+    r = subprocess.run(cmd, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=180)
+    assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-3000:]
+    out = [(tmp_path / f'stdout{k}.txt').read_text().splitlines() for k in (0, 1)]
+    err = [(tmp_path / f'stderr{k}.txt').read_text() for k in (0, 1)]
+    # the main process: a line per epoch, the bar, the curves
+    assert out[0][0].split() == ['epoch', 'train_loss', 'valid_loss', 'time'] and len(out[0]) == 4, out[0]
+    _, rank, _, n, _, prog_draws, plot_draws, _, steps = out[0][-1].split()
+    assert (rank, n, steps) == ('0', '2', '16') and int(prog_draws) > 0 and int(plot_draws) == 1
+    assert 'epoch 2/2' in err[0] and (tmp_path / 'curves0.png').read_bytes()[:4] == b'\x89PNG'
+    # the other: trained (and recorded) as well, but showed and wrote nothing
+    assert out[1] == ['rank 1 of 2 redraws 0 0 steps 16'], out[1]
+    assert 'epoch' not in err[1] and not (tmp_path / 'curves1.png').exists()

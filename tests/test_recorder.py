@@ -1,11 +1,14 @@
-"Recorder: what it records per optimizer step and per epoch, its cost in memory, and its checkpoint state."
-import gc, json, math, tracemalloc, weakref
+"""Recorder: what it records per optimizer step and per epoch, its cost in memory, and its checkpoint state; and the
+live plot that draws from it (its x axis, its metric panel, and a redraw cost that does not grow with the steps)."""
+import gc, json, math, os, subprocess, sys, tracemalloc, weakref
 import numpy as np, pytest, torch
 import torch.nn.functional as F
 from torch import nn
 from torch.utils.data import DataLoader, TensorDataset
 from trainer_nb.core import CancelFit, Hook, Trainer
-from trainer_nb.recorder import Recorder
+from trainer_nb.recorder import Binned, Recorder
+from trainer_nb.liveplot import LivePlot
+from conftest import REPO
 
 
 def toy_data(n, seed=0):
@@ -54,6 +57,23 @@ def test_lr_and_mom_are_what_the_optimizer_used():
     assert len(steps) == 10 and steps.step.tolist() == list(range(1, 11))
     assert steps.lr.tolist() == [l[0] for l in spy.lrs] and steps.lr_1.tolist() == [l[1] for l in spy.lrs]
     assert len(set(steps.lr)) == 5 and steps.mom.tolist() == [0.8] * 10
+
+
+@pytest.mark.parametrize('opt_func, mom', [
+    (lambda p, lr: torch.optim.SGD(p, lr=lr), None),                   # plain SGD: no momentum, no column of zeros
+    (lambda p, lr: torch.optim.SGD(p, lr=lr, momentum=0.9), 0.9),
+    (lambda p, lr: torch.optim.RMSprop(p, lr=lr), None),
+    (lambda p, lr: torch.optim.Adam(p, lr=lr, betas=(0.8, 0.99)), 0.8), # Adam's beta1
+])
+def test_mom_is_recorded_only_where_the_optimizer_has_momentum(opt_func, mom):
+    t = make(n_batches=3, opt_func=opt_func)
+    t.fit(1)
+    rec = t.get_hook(Recorder)
+    steps = rec.steps
+    if mom is None:
+        assert list(steps.columns) == ['step', 'iteration', 'loss', 'lr'] and rec.state_dict()['mom'] is None
+        assert len(rec.plot_lr().axes) == 1                 # no momentum axis either
+    else: assert steps.mom.tolist() == [mom] * 3
 
 
 def test_step_loss_is_the_mean_of_its_micro_batches_under_grad_accum():
@@ -141,24 +161,64 @@ def test_no_graph_is_kept():
     assert tensors({k: v for k, v in vars(rec).items() if k not in ('trainer', '_pgs')}, set()) == 0
 
 
+MEMORY_SCRIPT = """\
+import gc, json, sys, time, torch
+sys.path.insert(0, {repo!r})
+from trainer_nb.core import Trainer
+from trainer_nb.recorder import Recorder
+
+class Still(torch.optim.Optimizer):
+    "Adam's hyper-parameters (so that a momentum is recorded as well as the LR), and a step that changes nothing."
+    def __init__(self, params):
+        super().__init__(params, dict(lr=1e-3, betas=(0.9, 0.999)))
+        self.step = lambda closure=None: None          # instance attributes: no profiling wrapper on every call
+        self.zero_grad = lambda set_to_none=True: None
+
+def status(field):
+    "A field of /proc/self/status, in bytes."
+    for line in open('/proc/self/status'):
+        if line.startswith(field + ':'): return int(line.split()[1]) * 1024
+
+def make(n, leak):
+    model = torch.nn.Linear(1, 1, bias=False)
+    kept = []
+    def train_step(batch, trainer):
+        if leak: kept.append(float(len(kept)))   # what a recorder keeping a Python float per step would hold
+        return {{'loss': model.weight.sum()}}
+    return Trainer(model, [(torch.ones(1),)] * n, train_step=train_step, opt_func=Still(model.parameters()), cpu=True,
+                   default_hooks=False, hooks=[Recorder()])
+
+n, leak = {n}, {leak}
+make(5000, False).fit(1)      # warm up: lazy initialisations and allocator pools are not the Recorder's
+tr = make(n, leak)
+gc.collect()
+open('/proc/self/clear_refs', 'w').write('5')   # restart the peak (VmHWM) from the current RSS
+base, t = status('VmRSS'), time.perf_counter()
+tr.fit(1)
+wall, peak = time.perf_counter() - t, status('VmHWM') - base
+rec = tr.get_hook(Recorder)
+held = rec.nbytes + sum(c.numel() * c.element_size() for c in tr.losses.chunks)
+print(json.dumps(dict(steps=len(rec.steps), mom=bool(rec.steps.mom.notna().all()), peak=peak, held=held, wall=wall)))
+"""
+
+def measure_fit_memory(n, leak=False):
+    "Peak growth of the resident memory of a process during a real fit of `n` tiny steps with a Recorder."
+    code = MEMORY_SCRIPT.format(repo=str(REPO), n=n, leak=leak)
+    r = subprocess.run([sys.executable, '-c', code], capture_output=True, text=True, timeout=600)
+    assert r.returncode == 0, r.stderr[-3000:]
+    return json.loads(r.stdout.splitlines()[-1])
+
+@pytest.mark.skipif(not os.path.exists('/proc/self/clear_refs'), reason="needs Linux's /proc/self/clear_refs")
 def test_a_million_steps_take_little_memory():
-    t = make(n_batches=2, valid=False)
-    rec, s, loss = t.get_hook(Recorder), t.state, torch.tensor(0.5)
-    gc.collect()
-    tracemalloc.start()
-    before = tracemalloc.get_traced_memory()[0]
-    rec.before_fit()
-    for i in range(1_000_000):   # the recorder's own event methods, as the loop calls them
-        t.losses.append(loss)
-        s.iteration += 1; s.step += 1; s.opt_stepped = True
-        rec.after_backward(); rec.after_step()
-        if len(t.losses.pending) == 1000: t.losses.flush()
-    rec.after_fit()
-    grown = tracemalloc.get_traced_memory()[0] - before
-    tracemalloc.stop()
-    assert len(rec.steps) == 1_000_000
-    assert grown < 60e6, f"{grown / 1e6:.1f} MB"   # about 46 MB: 36 bytes a step, and room to grow
-    assert (rec.arrays(500)['loss'] == 0.5).all() and len(rec.arrays(500)['step']) == 500
+    """A real fit of a million optimizer steps, in its own process: the peak growth of its resident memory (everything:
+    numpy buffers, torch tensors, Python objects, allocator slack) during the fit."""
+    m = measure_fit_memory(1_000_000)
+    assert m['steps'] == 1_000_000 and m['mom']
+    # what is held on purpose: the Recorder's buffers (36 bytes a step, plus spare room) and the trainer's loss log
+    assert m['held'] < 60e6, m
+    assert m['peak'] < 80e6, f"{m['peak'] / 1e6:.1f} MB for a million steps"   # well under 100 MB
+    # and nothing else grows with the steps: one Python float kept per step would add 32 MB (24 + an 8-byte pointer)
+    assert m['peak'] - m['held'] < 24e6, f"{(m['peak'] - m['held']) / 1e6:.1f} MB beyond the buffers"
 
 
 class StopAt(Hook):
@@ -234,3 +294,112 @@ def test_all_exports():
     exec('from trainer_nb.all import *', ns)
     assert {'Trainer', 'Hook', 'Recorder', 'one_cycle', 'cosine', 'constant'} <= set(ns)
     assert ns['Trainer'].history.fget(make(valid=False)).empty
+
+
+# ---- the live plot, drawing from the Recorder ----
+
+def test_liveplot_x_axis_ends_at_the_last_step_the_scheduler_counts():
+    "7 batches an epoch with grad_accum=2: 4 steps an epoch (the 7th batch steps alone), 12 in 3 epochs (not ceil(21/2) = 11)."
+    xlims = []
+    class Look(Hook):
+        order = 40   # after the plot's after_step
+        def after_step(self):
+            if plot.n_draws: xlims.append(plot.ax_loss.get_xlim())
+    plot = LivePlot(mode='widget', every=0, max_share=1.0)
+    t = make(n_batches=7, grad_accum=2, hooks=[plot, Look()],
+             scheduler=lambda opt, n: torch.optim.lr_scheduler.OneCycleLR(opt, 1e-2, total_steps=n))
+    t.fit(3)
+    assert t.scheduler.total_steps == 12 and t.get_hook(Recorder).steps.step.iloc[-1] == 12
+    assert plot._x_end == 12
+    assert len(xlims) == 21 and all(hi >= 12 for _, hi in xlims)   # from the first redraw on, the whole fit fits
+    assert len(set(xlims)) == 1 and xlims[0][1] < 12.5                # and the axis never moved, nor ran past the end
+
+
+def test_liveplot_metric_panel():
+    def error(preds, targets): return 1 - accuracy(preds, targets)
+    plain = LivePlot(mode='text', path=os.devnull)
+    t = make(n_batches=4, metrics=[accuracy, error], hooks=[plain])
+    t.fit(1)
+    assert len(plain.fig.axes) == 2 and plain.ax_metric is None      # off by default
+    for metrics, shown in ((True, ['accuracy', 'error']), (['error'], ['error']), ([accuracy], ['accuracy'])):
+        plot = LivePlot(mode='text', path=os.devnull, metrics=metrics)
+        t = make(n_batches=4, metrics=[accuracy, error], hooks=[plot])
+        t.fit(3)
+        assert len(plot.fig.axes) == 3 and list(plot.l_metrics) == shown
+        for name, line in plot.l_metrics.items():
+            x, y = line.get_data()
+            assert list(x) == [4, 8, 12] and np.allclose(y, t.history[name])
+        lo, hi = plot.ax_metric.get_ylim()
+        assert lo <= min(t.history[shown[0]]) and hi >= max(t.history[shown[0]])
+    with pytest.warns(UserWarning, match=r"\['acc'\] not among the trainer's metrics"):
+        make(n_batches=2, metrics=[accuracy], hooks=[LivePlot(mode='text', path=os.devnull, metrics=['acc'])]).fit(1)
+
+
+def bucket_means_of(x, size):
+    "Means of the finite values of x[i:i + size], i = 0, size, 2 size... (NaN where there is none): the slow, obvious way."
+    return np.array([np.mean(b[np.isfinite(b)]) if np.isfinite(b).any() else np.nan
+                     for b in (x[i:i + size] for i in range(0, len(x), size))])
+
+def test_binned_keeps_bucket_means_as_steps_arrive():
+    rng = np.random.default_rng(0)
+    n = 5000
+    loss = rng.random(n); loss[rng.random(n) < 0.1] = np.nan           # steps whose loss never reached the host
+    rec = Recorder()
+    rec.load_state_dict({'step': list(range(1, n + 1)), 'iteration': list(range(1, n + 1)),
+                         'loss': [None if v != v else v for v in loss.tolist()], 'lr': [rng.random(n).tolist()],
+                         'mom': None, 'epochs': [], 'epoch_step': []})
+    b = Binned(rec, max_points=80)
+    a = b.arrays()
+    assert b.size == 64 and len(a['step']) == 79 == math.ceil(n / 64)
+    s = rec.steps
+    for k in ('step', 'loss', 'lr'): np.testing.assert_allclose(a[k], bucket_means_of(s[k].to_numpy(float), 64))
+    # a fit goes on from there: each answer covers every step so far, read incrementally
+    seen = []
+    class Check(Hook):
+        order = 60
+        def after_step(self):
+            a, s = b.arrays(), rec.steps
+            seen.append(len(s))
+            assert len(a["step"]) <= 80
+            for k in ('step', 'loss', 'lr'): np.testing.assert_allclose(a[k], bucket_means_of(s[k].to_numpy(float), b.size))
+    t = make(n_batches=300, valid=False, hooks=[Check()])
+    t.remove_hooks(Recorder); t.add_hooks(rec)
+    t.state.step = t.state.iteration = n
+    t.fit(1)
+    assert seen[-1] == n + 300 and b.size == 128
+    rec.reset()   # the records replaced: Binned starts over
+    assert len(b.arrays()['step']) == 0 and b.size == 1
+
+
+def test_liveplot_redraw_cost_does_not_grow_with_the_steps():
+    """With a million steps recorded, a redraw reads only the steps recorded since the last one, and hands matplotlib
+    at most `max_points` points a line. Memory allocated during a step with a redraw tells whether a redraw passed over
+    all the steps: one pass over a million float64 values allocates at least 8 MB (as `Recorder.arrays` does)."""
+    n = 1_000_000
+    rec = Recorder()
+    rec.load_state_dict({'step': list(range(1, n + 1)), 'iteration': list(range(1, n + 1)),
+                         'loss': np.linspace(2, 1, n).tolist(), 'lr': [[1e-3] * n], 'mom': None,
+                         'epochs': [], 'epoch_step': []})
+    peaks, points = [], []
+    class Measure(Hook):
+        "A redraw each step from the 10th on (after the plot's own, throttled, ones), each but the first traced."
+        order = 40
+        def after_step(self):
+            it = self.trainer.state.iteration - n
+            if it < 10: return
+            if it > 10: tracemalloc.start()
+            plot.redraw()   # the first, if the plot made none yet, reads the million steps: once
+            if it > 10: peaks.append(tracemalloc.get_traced_memory()[1]); tracemalloc.stop()
+            points.append(len(plot.l_raw.get_xdata()))
+    plot = LivePlot(mode='widget', max_share=1.0)
+    t = make(n_batches=40, valid=False, hooks=[plot, Measure()])
+    t.remove_hooks(Recorder); t.add_hooks(rec)
+    t.state.step = t.state.iteration = n
+    t.fit(1)
+    assert len(rec.steps) == n + 40 and len(peaks) == 30 and points[-1] == len(plot.l_lr.get_xdata())
+    assert all(250 <= p <= plot.max_points for p in points), (min(points), max(points))   # a line's points
+    assert max(peaks) < 2e6, peaks
+    tracemalloc.start()
+    rec.arrays(max_points=500)   # the one-shot downsampling, for comparison: a pass over every step
+    full = tracemalloc.get_traced_memory()[1]; tracemalloc.stop()
+    assert full > 8e6, full

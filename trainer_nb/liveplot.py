@@ -57,26 +57,40 @@ def _sticky(ax, which: str, lo: float, hi: float, log: bool = False):
         if lo >= cur_lo and hi <= cur_hi and cur_hi - cur_lo < 2 * span + 1: return
         set_(lo, lo + span * 1.25 if hi > cur_hi and cur_hi > cur_lo + 1 else hi + 0.02 * span)
         return
-    base = 0.0 if lo >= 0 else lo      # losses and learning rates are >= 0: start the axis at 0
+    base = 0.0 if lo >= 0 else lo      # losses, learning rates and most metrics are >= 0: start the axis at 0
     span = (hi - base) or abs(hi) or 1.0
     if base >= cur_lo and base - cur_lo <= 0.05 * span and hi <= cur_hi and cur_hi - cur_lo < 2 * span: return
     set_(base - 0.03 * span, hi + 0.15 * span)
 
+def _few_ticks(axis):
+    "At most 5 ticks on a linear axis: fewer labels to lay out, a cheaper full redraw, and still easy to read."
+    from matplotlib.ticker import MaxNLocator
+    axis.set_major_locator(MaxNLocator(nbins=4, steps=[1, 2, 2.5, 5, 10]))
+
+def _steps_per_epoch(n_batches: int, grad_accum: int) -> int:
+    "Optimizer steps in an epoch of `n_batches`: the last, shorter accumulation of an epoch steps too (as the scheduler counts)."
+    return math.ceil(n_batches / grad_accum)
+
 
 class LivePlot(MainProcessHook):
-    "Live loss and learning-rate curves in a notebook (ipywidgets + matplotlib); a static PNG at the end of each fit."
+    "Live loss and learning-rate curves (and optionally metrics) in a notebook (ipywidgets + matplotlib); a static PNG at the end of each fit."
     order = 30
 
     def __init__(self, mode: str = 'auto', every: float = 0.5, max_points: int = 500, log_loss: bool = False,
                  path=None, save_every_draw: bool = False, beta: float | None = None, max_share: float = 0.015,
-                 figsize=(8, 2.8), dpi: int = 72):
+                 metrics=None,      # a third panel: True for all the trainer's metrics, or a list of names (or metrics)
+                 figsize=None,      # default: (8, 2.8), or (11.5, 2.8) with the metric panel
+                 dpi: int = 72):
         _resolve_mode(mode)
         if not 0 < max_share <= 1: raise ValueError(f"max_share must be in (0, 1], got {max_share!r}")
+        if max_points < 2: raise ValueError(f"max_points must be >= 2, got {max_points!r}")
+        if not (metrics is None or isinstance(metrics, bool) or isinstance(metrics, (list, tuple))):
+            raise TypeError(f"metrics must be None, True or a list of metric names, got {metrics!r}")
         self.mode, self.every, self.max_points, self.log_loss = mode, every, max_points, log_loss
         self.path, self.save_every_draw, self.beta, self.max_share = path, save_every_draw, beta, max_share
-        self.figsize, self.dpi = figsize, dpi
-        self.fig, self.active, self.last_png = None, None, None
-        self.draw_time, self.n_draws, self.setup_time = 0.0, 0, 0.0
+        self.metrics, self.figsize, self.dpi = metrics, figsize, dpi
+        self.fig, self.active, self.last_png, self.rec, self._bins = None, None, None, None, None
+        self.draw_time, self.n_draws, self.setup_time, self.metric_names = 0.0, 0, 0.0, []
 
     # ---- events ----
     def before_fit(self):
@@ -84,30 +98,32 @@ class LivePlot(MainProcessHook):
         self.draw_time, self.n_draws, self.setup_time, self.widget, self.handle = 0.0, 0, 0.0, None, None
         self._next = math.inf
         if self.active == 'off' or (self.active == 'text' and self.path is None): return   # nothing to draw
-        from trainer_nb.recorder import Recorder
-        try: self.rec = self.trainer.get_hook(Recorder)
+        from trainer_nb.recorder import Recorder, Binned
+        try: rec = self.trainer.get_hook(Recorder)
         except LookupError as e:
             raise LookupError("LivePlot draws what a Recorder records: add trainer_nb.recorder.Recorder "
                               f"to the trainer's hooks ({e})") from None
+        if rec is not self.rec or self._bins is None or self._bins.max_points != self.max_points:
+            self.rec, self._bins = rec, Binned(rec, self.max_points)
+        self.metric_names = self._metric_names()
         if self.active == 'widget':
             import ipywidgets as W
             self.widget = W.Image(format='png', value=b'')
             self.widget.add_class('trainer-nb-liveplot')
             self.handle = _display(self.widget)
-        if self.active == 'widget' or self.path is not None:
-            t = time.perf_counter()
-            if self.fig is None: self._make_figure()   # once per hook: imports matplotlib, loads fonts
-            st = self.trainer.state
-            # the last step of this fit, when the dataloader has a length: the x axis spans the fit from the start
-            self._x_end = st.step + math.ceil((st.epochs - st.epoch) * st.n_batches / self.trainer.grad_accum)
-            self.setup_time = time.perf_counter() - t
-        if self.active == 'widget' or self.save_every_draw: self._next = time.perf_counter() + self.every
+        st, tr = self.trainer.state, self.trainer
+        # the last step of this fit, when the dataloader has a length: the x axis spans the fit from the start
+        self._x_start, self._x_end = st.step + 1, st.step + (st.epochs - st.epoch) * _steps_per_epoch(st.n_batches, tr.grad_accum)
+        self._t0, self._it0 = time.perf_counter(), st.iteration
+        self._its = (st.epochs - st.epoch) * st.n_batches   # batches in this fit (0: unknown)
+        if self.active == 'widget' or self.save_every_draw: self._next = self._t0 + self.every
 
     def after_step(self):
-        if time.perf_counter() >= self._next: self.redraw()   # 'off', or 'text' without saving: never
+        if time.perf_counter() >= self._next: self._live_redraw()   # 'off', or 'text' without saving: never
 
     def after_epoch(self):
-        if time.perf_counter() >= self._next: self.redraw()
+        st = self.trainer.state
+        if st.epoch + 1 < st.epochs and time.perf_counter() >= self._next: self._live_redraw()   # (the last: after_fit draws)
 
     def after_fit(self):
         if self.active in (None, 'off'): return
@@ -124,11 +140,21 @@ class LivePlot(MainProcessHook):
             self.active = None
 
     # ---- drawing ----
+    def _live_redraw(self):
+        "Redraw, unless the fit should end before the next redraw would be due: the final picture comes then."
+        now, st = time.perf_counter(), self.trainer.state
+        done = st.iteration - self._it0
+        if self._its and done:
+            left = (now - self._t0) * (self._its - done) / done   # estimated seconds of training left
+            if left < self.every:
+                self._next = now + max(left, 0.05)   # look again after the estimated end (a slower end still redraws)
+                return
+        self.redraw()
+
     def redraw(self, final: bool = False) -> bytes:
         "Draw the current curves now; update the widget and/or the file; returns the PNG bytes."
         t = time.perf_counter()
-        self._update_figure(self.rec.arrays(max_points=self.max_points))
-        png = self.last_png = self._render()
+        png = self.png()
         if self.widget is not None and not final: self.widget.value = png
         if self.path is not None and (final or self.save_every_draw):
             with open(self.path, 'wb') as f: f.write(png)
@@ -140,8 +166,23 @@ class LivePlot(MainProcessHook):
 
     def png(self) -> bytes:
         "The curves as PNG bytes, drawn now (e.g. to show with `IPython.display.Image` after a fit)."
-        self._update_figure(self.rec.arrays(max_points=self.max_points))
-        return self._render()
+        if self.rec is None: raise RuntimeError("Nothing to draw yet: the plot reads its Recorder when a fit starts")
+        self._update_figure(self._bins.arrays())
+        self.last_png = self._render()
+        return self.last_png
+
+    def _metric_names(self) -> list[str]:
+        "The metrics the third panel shows (none: no third panel)."
+        from trainer_nb.core import _name_of
+        m = self.metrics
+        if not m: return []
+        have = [_name_of(f) for f in self.trainer.metrics]
+        if m is True: return have
+        names = [x if isinstance(x, str) else _name_of(x) for x in m]
+        missing = [x for x in names if x not in have]
+        if missing: warnings.warn(f"LivePlot: {missing} not among the trainer's metrics {have}: "
+                                  "drawn only if the epoch results hold them")
+        return names
 
     def _beta(self) -> float:
         "The smoothing factor: `beta`, or by default one whose window is about 1/20 of the fit (at most 50 steps)."
@@ -150,26 +191,41 @@ class LivePlot(MainProcessHook):
     def _make_figure(self):
         from matplotlib.figure import Figure
         from matplotlib.backends.backend_agg import FigureCanvasAgg
-        fig = Figure(figsize=self.figsize, dpi=self.dpi)
+        t = time.perf_counter()
+        names = list(self.metric_names)
+        figsize = self.figsize or ((11.5, 2.8) if names else (8, 2.8))
+        fig = Figure(figsize=figsize, dpi=self.dpi)
         FigureCanvasAgg(fig)
-        self.ax_loss, self.ax_lr = fig.subplots(1, 2)
-        fig.subplots_adjust(left=0.07, right=0.98, bottom=0.16, top=0.9, wspace=0.22)
+        axes = fig.subplots(1, 3 if names else 2)
+        self.ax_loss, self.ax_lr = axes[0], axes[1]
+        self.ax_metric = axes[2] if names else None
+        w = figsize[0]
+        fig.subplots_adjust(left=0.56 / w, right=1 - 0.16 / w, bottom=0.16, top=0.9, wspace=0.22)
         ax = self.ax_loss
         self.l_raw, = ax.plot([], [], color='C0', alpha=0.25, lw=0.8)
         self.l_train, = ax.plot([], [], color='C0', lw=1.6, label='train (smoothed)')
         self.l_valid, = ax.plot([], [], 'o-', color='C1', ms=4, lw=1.4, label='valid')
-        ax.set_title('loss', fontsize=10); ax.set_xlabel('step', fontsize=9)
+        ax.set_title('loss', fontsize=10)
         ax.legend(loc='upper right', fontsize=8, frameon=False)
         self.l_lr, = self.ax_lr.plot([], [], color='C2', lw=1.6)
-        self.ax_lr.set_title('learning rate', fontsize=10); self.ax_lr.set_xlabel('step', fontsize=9)
+        self.ax_lr.set_title('learning rate', fontsize=10)
         self.ax_lr.ticklabel_format(axis='y', style='sci', scilimits=(-2, 3))
-        for a in (self.ax_loss, self.ax_lr):
-            a.tick_params(labelsize=8); a.grid(alpha=0.3)
-        self._lines = [self.l_raw, self.l_train, self.l_valid, self.l_lr]
-        self.fig, self._bg, self._bg_key = fig, None, None
+        self.l_metrics = {}
+        if names:
+            for i, n in enumerate(names):
+                self.l_metrics[n], = self.ax_metric.plot([], [], 'o-', color=f'C{3 + i}', ms=4, lw=1.4, label=n)
+            self.ax_metric.set_title(names[0] if len(names) == 1 else 'metrics', fontsize=10)
+            if len(names) > 1: self.ax_metric.legend(loc='center right', fontsize=8, frameon=False)
+        self._axes = [a for a in (self.ax_loss, self.ax_lr, self.ax_metric) if a is not None]
+        for a in self._axes:
+            a.tick_params(labelsize=8); a.grid(alpha=0.3); a.set_xlabel('step', fontsize=9)
+            _few_ticks(a.xaxis); _few_ticks(a.yaxis)
+        self._lines = [self.l_raw, self.l_train, self.l_valid, self.l_lr, *self.l_metrics.values()]
+        self.fig, self._bg, self._bg_key, self._fig_names = fig, None, None, names
+        self.setup_time = time.perf_counter() - t
 
     def _update_figure(self, arr: dict):
-        if self.fig is None: self._make_figure()
+        if self.fig is None or self._fig_names != self.metric_names: self._make_figure()
         step = np.asarray(arr.get('step', ()), dtype=np.float64)
         loss = np.asarray(arr.get('loss', ()), dtype=np.float64)
         vstep = np.asarray(arr.get('valid_step', ()), dtype=np.float64)
@@ -178,25 +234,34 @@ class LivePlot(MainProcessHook):
         sm = smooth_steps(step, loss, self._beta())
         self.l_raw.set_data(step, loss); self.l_train.set_data(step, sm)
         self.l_valid.set_data(vstep, vloss); self.l_lr.set_data(step[:len(lr)], lr)
+        mvals, msteps = [], [vstep]
+        for name, line in self.l_metrics.items():
+            ms, mv = self.rec.per_epoch(name)
+            line.set_data(ms, mv); mvals.append(mv); msteps.append(ms)
         log = self.log_loss
-        if self.ax_loss.get_yscale() != ('log' if log else 'linear'): self.ax_loss.set_yscale('log' if log else 'linear')
-        xr = _finite_range(step, vstep, pad=False)
-        if xr:
-            hi = max(xr[1], getattr(self, '_x_end', 0))   # the fit's last step, when known: the x axis stays put
-            for ax in (self.ax_loss, self.ax_lr): _sticky(ax, 'x', xr[0], hi)
+        if self.ax_loss.get_yscale() != ('log' if log else 'linear'):
+            self.ax_loss.set_yscale('log' if log else 'linear')
+            if not log: _few_ticks(self.ax_loss.yaxis)   # set_yscale put back the default locator
+        # x: the steps drawn and the rest of the fit (when the dataloader has a length): the x axis stays put
+        xr = _finite_range(step, *msteps, pad=False)
+        x_end = getattr(self, '_x_end', 0)
+        if xr or x_end:
+            lo = xr[0] if xr else self._x_start
+            for ax in self._axes: _sticky(ax, 'x', lo, max(xr[1] if xr else lo, x_end))
         # y from the smoothed and the validation curves: a spike in the raw loss should not flatten the rest
         yr = _finite_range(sm, vloss, log=log, pad=False)
         if yr: _sticky(self.ax_loss, 'y', *yr, log=log)
         lr_r = _finite_range(lr, pad=False)
         if lr_r: _sticky(self.ax_lr, 'y', *lr_r)
+        mr = _finite_range(*mvals, pad=False) if mvals else None
+        if mr: _sticky(self.ax_metric, 'y', *mr)
 
     def _render(self) -> bytes:
         "PNG of the figure. The axes, ticks and labels are drawn only when a limit changed; otherwise the cached"
         " background is restored and only the lines are drawn on it."
         fig = self.fig
         canvas = fig.canvas
-        key = (self.ax_loss.get_xlim(), self.ax_loss.get_ylim(), self.ax_lr.get_xlim(), self.ax_lr.get_ylim(),
-               self.ax_loss.get_yscale(), canvas.get_width_height())
+        key = (tuple((a.get_xlim(), a.get_ylim(), a.get_yscale()) for a in self._axes), canvas.get_width_height())
         if key != self._bg_key:
             for l in self._lines: l.set_visible(False)
             try: canvas.draw()
@@ -208,6 +273,7 @@ class LivePlot(MainProcessHook):
         from PIL import Image as PILImage
         w, h = canvas.get_width_height(physical=True)
         buf = io.BytesIO()
-        PILImage.frombuffer('RGBA', (w, h), canvas.buffer_rgba(), 'raw', 'RGBA', 0, 1).save(
+        # RGB (the figure is opaque): a smaller PNG, encoded faster
+        PILImage.frombuffer('RGBA', (w, h), canvas.buffer_rgba(), 'raw', 'RGBA', 0, 1).convert('RGB').save(
             buf, format='png', compress_level=3)
         return buf.getvalue()

@@ -7,7 +7,7 @@ from __future__ import annotations
 import math
 
 # %% auto #0
-__all__ = ['Recorder']
+__all__ = ['Recorder', 'Binned']
 
 # %% ../nbs/01_recorder.ipynb #b6e98ae6
 import numpy as np
@@ -108,6 +108,12 @@ def _ema(x: np.ndarray, beta: float) -> np.ndarray:
     return pd.Series(x).ewm(alpha=1 - beta, adjust=True, ignore_na=True).mean().to_numpy()
 
 # %% ../nbs/01_recorder.ipynb #e806ef37
+def _momentum_key(g: dict) -> str | None:
+    "The key of the momentum an optimizer uses in a param group: Adam's `betas` (β₁), a `momentum` above 0; else None."
+    if 'betas' in g: return 'betas'
+    if g.get('momentum', 0): return 'momentum'   # SGD (or RMSprop) with momentum=0 has none to record
+    return None
+
 class Recorder(Hook):
     "Records loss, learning rates and momentum per optimizer step, and `trainer.epoch_results` per epoch."
     order = 10
@@ -121,16 +127,16 @@ class Recorder(Hook):
         self._lrs: list[_Buf] = []                # one buffer per parameter group
         self._mom: _Buf | None = None
         self._p_end, self._p_n = _Buf(np.int64), _Buf(np.int32)  # loss-log stretch of each step not yet in _loss
+        self._new = []                            # steps noted since the last `_commit`, as tuples
         self._epochs, self._epoch_step = [], []
-        self._lo, self._seen, self._cur = 0, -1, ()
+        self._lo, self._cur, self._n_groups = 0, ((), None), 0
         self._pgs, self._mom_key = [], None
 
     # ---- events ----
     def before_fit(self):
         t = self.trainer
         self._pgs = t.opt.optimizer.param_groups if hasattr(t.opt, 'optimizer') else t.opt.param_groups
-        g = self._pgs[0]
-        self._mom_key = 'betas' if 'betas' in g else 'momentum' if 'momentum' in g else None
+        self._mom_key = _momentum_key(self._pgs[0])
         self._forget_lost()
         self._lo = len(t.losses)
 
@@ -138,19 +144,21 @@ class Recorder(Hook):
         # the LR and momentum the optimizer is about to step with (after every hook's before_step)
         pgs, k = self._pgs, self._mom_key
         lrs = [float(g['lr']) for g in pgs]
-        if k is None: self._cur = (lrs, None)
-        else: self._cur = (lrs, float(pgs[0][k][0] if k == 'betas' else pgs[0][k]))
+        if len(lrs) < self._n_groups:
+            raise ValueError(f"The optimizer has {len(lrs)} parameter groups, fewer than the {self._n_groups} recorded so far")
+        self._n_groups = len(lrs)
+        self._cur = (lrs, None if k is None else float(pgs[0][k][0] if k == 'betas' else pgs[0][k]))
 
     def after_step(self):
         t = self.trainer
         s = t.state
         if s.opt_stepped:
             end = len(t.losses)
-            self._record(s.step, s.iteration, end, end - self._lo, *self._cur)
+            self._new.append((s.step, s.iteration, end, end - self._lo, *self._cur))   # into the buffers in blocks
             self._lo = end
         elif t.grad_accum == 1 or t.accelerator.sync_gradients:
             self._lo = len(t.losses)   # a batch that ended a step but did not step: its losses belong to no step
-        if t.losses.n != self._seen: self._materialize()
+        if len(self._new) >= 1024: self._materialize()   # (the losses stay in the trainer's log until then)
 
     def after_epoch(self):
         self._epochs.append({k: _plain(v) for k, v in self.trainer.epoch_results.items()})
@@ -160,31 +168,32 @@ class Recorder(Hook):
     def after_fit(self):
         t = self.trainer
         s = t.state
+        self._commit()
         if s.opt_stepped and (not len(self._step) or self._step.a[-1] != s.step):
             # the last batch stepped, but a hook that runs before this one stopped the fit in after_step
             end = len(t.losses)
-            self._record(s.step, s.iteration, end, end - self._lo, *self._cur)
+            self._new.append((s.step, s.iteration, end, end - self._lo, *self._cur))
         self._forget_lost()
         self._materialize()
 
     # ---- bookkeeping ----
-    def _record(self, step, iteration, end, n, lrs, mom):
-        self._step.append(step); self._iter.append(iteration)
-        self._p_end.append(end); self._p_n.append(n)
-        if len(lrs) != len(self._lrs): self._fit_groups(len(lrs))
-        for b, v in zip(self._lrs, lrs): b.append(v)
-        if mom is not None and self._mom is None: self._mom = _Buf(np.float64, np.full(len(self._step) - 1, np.nan))
-        if self._mom is not None: self._mom.append(math.nan if mom is None else mom)
-
-    def _fit_groups(self, k):
-        "Pad (with NaN) so that there is a buffer for each of `k` parameter groups."
-        n = len(self._step) - 1
-        while len(self._lrs) < k: self._lrs.append(_Buf(np.float64, np.full(n, np.nan)))
-        if k < len(self._lrs): raise ValueError(f"The optimizer has {k} parameter groups, fewer than the "
-                                                f"{len(self._lrs)} recorded so far")
+    def _commit(self):
+        "Move the steps noted since the last call into the numpy buffers (one block: cheaper than a row at a time)."
+        rows, self._new = self._new, []
+        if not rows: return
+        steps, its, ends, ns, lrs, moms = zip(*rows)
+        n0 = len(self._step)
+        self._step.extend(steps); self._iter.extend(its); self._p_end.extend(ends); self._p_n.extend(ns)
+        k = max(map(len, lrs))
+        while len(self._lrs) < k: self._lrs.append(_Buf(np.float64, np.full(n0, np.nan)))   # a group added: NaN before
+        for i, b in enumerate(self._lrs):
+            b.extend([l[i] if i < len(l) else math.nan for l in lrs] if i else [l[0] for l in lrs])
+        if self._mom is None and any(m is not None for m in moms): self._mom = _Buf(np.float64, np.full(n0, np.nan))
+        if self._mom is not None: self._mom.extend([math.nan if m is None else m for m in moms])
 
     def _forget_lost(self):
         "Steps whose losses left the log before reaching the host (a fit stopped mid-way) get no loss."
+        self._commit()
         if self.trainer is None or not len(self._p_end): return
         n = len(self.trainer.losses)
         gone = self._p_end.a > n
@@ -192,9 +201,9 @@ class Recorder(Hook):
 
     def _materialize(self):
         "Work out the loss of each pending step whose losses are on the host."
+        self._commit()
         log = self.trainer.losses if self.trainer is not None else None
         if log is None: return
-        self._seen = log.n
         if not len(self._p_end): return
         ends, ns = self._p_end.a, self._p_n.a
         k = int(np.searchsorted(ends, log.n, side='right'))   # ends only grow within a fit; lost steps have n = 0
@@ -209,14 +218,14 @@ class Recorder(Hook):
     def _sync(self):
         "Bring every recorded step's loss to the host (one transfer of the losses still pending; no collective)."
         t = self.trainer
-        if t is None: return
+        if t is None: return self._commit()
         if t.losses.pending: t.flush_losses()   # the trainer's own flush: a non-finite loss is reported as in the loop
         self._materialize()
 
     # ---- reading ----
     @property
     def steps(self):
-        "One row per optimizer step: `step, iteration, loss, lr` (`lr_1, lr_2`... for more parameter groups), `mom`."
+        "One row per optimizer step: `step, iteration, loss, lr` (`lr_1, lr_2`... for more parameter groups), and `mom` where the optimizer has momentum."
         import pandas as pd
         self._sync()
         n = len(self._loss)   # steps whose loss is known: all of them after a sync
@@ -235,27 +244,28 @@ class Recorder(Hook):
         df = pd.DataFrame(self._epochs)
         return df[[c for c in df.columns if c != 'time'] + (['time'] if 'time' in df.columns else [])]
 
-    def _valid(self):
-        "Steps at the end of each validated epoch, and its valid loss."
-        ep = [(s, e.get('valid_loss')) for s, e in zip(self._epoch_step, self._epochs)]
+    def per_epoch(self, key: str = 'valid_loss') -> tuple[np.ndarray, np.ndarray]:
+        "`(steps, values)`: the step at the end of each epoch whose results hold a number for `key` (a metric's name, 'valid_loss'...), and that number."
+        ep = [(s, e.get(key)) for s, e in zip(self._epoch_step, self._epochs)]
         ep = [(s, v) for s, v in ep if isinstance(v, (int, float))]
         return np.array([s for s, _ in ep], dtype=np.float64), np.array([v for _, v in ep], dtype=np.float64)
 
     def arrays(self, max_points: int | None = None) -> dict:
         "Float arrays to draw: `step, loss, lr` (and `mom`) per step, `valid_step, valid_loss` per epoch; at most `max_points` per step series (bucket means)."
-        # reuses what is on the host; the downsampling is a few vectorised passes, no Python loop over the steps
+        # one pass over all the steps (vectorised); `Binned` keeps such means up to date at a cost independent of the steps
         self._sync()
         n = len(self._loss)
         out = {'step': _bucket_means(self._step.a[:n], max_points),
                'loss': _bucket_means(self._loss.a[:n], max_points),
                'lr': _bucket_means(self._lrs[0].a[:n] if self._lrs else np.zeros(0), max_points)}
         if self._mom is not None: out['mom'] = _bucket_means(self._mom.a[:n], max_points)
-        out['valid_step'], out['valid_loss'] = self._valid()
+        out['valid_step'], out['valid_loss'] = self.per_epoch('valid_loss')
         return out
 
     @property
     def nbytes(self) -> int:
         "Bytes held by the per-step records (buffers' full capacity)."
+        self._commit()
         bufs = [self._step, self._iter, self._loss, self._p_end, self._p_n, *self._lrs] + ([self._mom] if self._mom else [])
         return sum(b.data.nbytes for b in bufs)
 
@@ -269,7 +279,7 @@ class Recorder(Hook):
         if n:
             ax.plot(_bucket_means(steps, max_points), _bucket_means(loss, max_points), alpha=0.3, color='C0')
             ax.plot(_bucket_means(steps, max_points), _bucket_means(_ema(loss, smooth), max_points), color='C0', label='train')
-        vs, vl = self._valid()
+        vs, vl = self.per_epoch('valid_loss')
         if len(vs): ax.plot(vs, vl, 'o-', color='C1', label='valid')
         if log: ax.set_yscale('log')
         ax.set_xlabel('step'); ax.set_ylabel('loss')
@@ -278,6 +288,7 @@ class Recorder(Hook):
 
     def plot_lr(self, log: bool = False, max_points: int = 1000, ax=None):
         "Learning rate per step (each parameter group), and momentum on a second axis where the optimizer has one."
+        self._commit()
         ax = _new_ax(ax)
         n = len(self._step)
         steps = _bucket_means(self._step.a[:n], max_points)
@@ -310,8 +321,68 @@ class Recorder(Hook):
         self._step, self._iter = _Buf(np.int64, state['step']), _Buf(np.int64, state['iteration'])
         self._loss = _Buf(np.float32, _none_to_nan(state['loss']))
         self._lrs = [_Buf(np.float64, _none_to_nan(l)) for l in state['lr']]
+        self._n_groups = len(self._lrs)
         self._mom = None if state.get('mom') is None else _Buf(np.float64, _none_to_nan(state['mom']))
         self._epochs, self._epoch_step = [dict(e) for e in state['epochs']], list(state['epoch_step'])
+
+# %% ../nbs/01_recorder.ipynb #6900c37e
+class Binned:
+    """Bucket means of a `Recorder`'s loss and learning rate per step, kept up to date as steps arrive: each call of
+    `arrays()` reads only the steps recorded since the last one, and returns at most `max_points` points a series."""
+    block = 65536   # steps read at a time when catching up (bounds the temporary arrays)
+
+    def __init__(self, rec: Recorder, max_points: int = 500):
+        if max_points < 2: raise ValueError(f"max_points must be >= 2, got {max_points}")
+        self.rec, self.max_points = rec, max_points
+        self._restart(None)
+
+    def _restart(self, src):
+        self._src, self.n, self.size = src, 0, 1   # the buffer read, steps read, steps per bucket (a power of 2)
+        # per full bucket: sums of step, of the finite losses and their count, of the finite LRs and their count
+        self._full, self._part, self._part_n = np.zeros((0, 5)), np.zeros(5), 0
+
+    def _rows(self, a: int, b: int) -> np.ndarray:
+        r = self.rec
+        loss = r._loss.a[a:b].astype(np.float64)
+        lr = r._lrs[0].a[a:b] if r._lrs else np.full(b - a, np.nan)
+        fl, fr = np.isfinite(loss), np.isfinite(lr)
+        return np.stack([r._step.a[a:b].astype(np.float64), np.where(fl, loss, 0.), fl, np.where(fr, lr, 0.), fr], 1)
+
+    def _halve(self):
+        "Merge the buckets two by two (buckets start at multiples of `size` steps, so they stay aligned)."
+        f = self._full
+        if len(f) % 2: self._part, self._part_n, f = self._part + f[-1], self._part_n + self.size, f[:-1]
+        self._full, self.size = f.reshape(-1, 2, 5).sum(1), self.size * 2
+
+    def _add(self, v: np.ndarray):
+        while math.ceil((self.n + len(v)) / self.size) > self.max_points: self._halve()
+        size = self.size
+        if self._part_n:   # fill the partial bucket first
+            k = min(size - self._part_n, len(v))
+            self._part, self._part_n, v = self._part + v[:k].sum(0), self._part_n + k, v[k:]
+            if self._part_n == size:
+                self._full, self._part, self._part_n = np.concatenate([self._full, self._part[None]]), np.zeros(5), 0
+        w = len(v) // size
+        if w: self._full = np.concatenate([self._full, v[:w * size].reshape(w, size, 5).sum(1)])
+        if len(v) > w * size: self._part, self._part_n = self._part + v[w * size:].sum(0), self._part_n + len(v) - w * size
+
+    def arrays(self) -> dict:
+        "`step, loss, lr` (bucket means, NaN where a bucket has no finite value) and `valid_step, valid_loss` per epoch."
+        rec = self.rec
+        rec._sync()
+        n = len(rec._loss)   # steps whose loss is known
+        if rec._step is not self._src or n < self.n: self._restart(rec._step)   # the records were replaced
+        for a in range(self.n, n, self.block):
+            b = min(a + self.block, n)
+            self._add(self._rows(a, b))
+            self.n = b
+        rows = np.concatenate([self._full, self._part[None]]) if self._part_n else self._full
+        cnt = np.full(len(rows), float(self.size))
+        if self._part_n: cnt[-1] = self._part_n
+        with np.errstate(invalid='ignore', divide='ignore'):
+            out = {'step': rows[:, 0] / cnt, 'loss': rows[:, 1] / rows[:, 2], 'lr': rows[:, 3] / rows[:, 4]}
+        out['valid_step'], out['valid_loss'] = rec.per_epoch('valid_loss')
+        return out
 
 # %% ../nbs/01_recorder.ipynb #fb951a67
 def _trainer_history(self):
