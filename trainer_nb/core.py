@@ -275,6 +275,10 @@ class Trainer:
     @property
     def unwrapped_model(self) -> torch.nn.Module: return self.accelerator.unwrap_model(self.model)
     @property
+    def steps_per_epoch(self) -> int:
+        "Optimizer steps in an epoch of the current (or last) fit; the last, shorter accumulation group of an epoch steps too. 0: unknown."
+        return math.ceil(self.state.n_batches / self.grad_accum)
+    @property
     def lr(self) -> float:
         "The base learning rate (the first parameter group's; the others keep their ratio to it)."
         return self._base_lrs[0]
@@ -661,7 +665,7 @@ def _drop_unfinished(self):
 def _build_scheduler(self, epochs):
     for g in self.opt.param_groups: g.pop('initial_lr', None)
     if self.scheduler_func is None: self.scheduler = None; return
-    per_epoch = math.ceil((_has_len(self._train_dataloader(self.train_dl)) or 0) / self.grad_accum)
+    per_epoch = self.steps_per_epoch
     if per_epoch == 0: raise ValueError("A scheduler needs a train_dl with a length to know the number of steps")
     self.scheduler = self.scheduler_func(self.opt.optimizer, epochs * per_epoch)
 

@@ -67,10 +67,6 @@ def _few_ticks(axis):
     from matplotlib.ticker import MaxNLocator
     axis.set_major_locator(MaxNLocator(nbins=4, steps=[1, 2, 2.5, 5, 10]))
 
-def _steps_per_epoch(n_batches: int, grad_accum: int) -> int:
-    "Optimizer steps in an epoch of `n_batches`: the last, shorter accumulation of an epoch steps too (as the scheduler counts)."
-    return math.ceil(n_batches / grad_accum)
-
 
 class LivePlot(MainProcessHook):
     "Live loss and learning-rate curves (and optionally metrics) in a notebook (ipywidgets + matplotlib); a static PNG at the end of each fit."
@@ -113,7 +109,7 @@ class LivePlot(MainProcessHook):
             self.handle = _display(self.widget)
         st, tr = self.trainer.state, self.trainer
         # the last step of this fit, when the dataloader has a length: the x axis spans the fit from the start
-        self._x_start, self._x_end = st.step + 1, st.step + (st.epochs - st.epoch) * _steps_per_epoch(st.n_batches, tr.grad_accum)
+        self._x_start, self._x_end = st.step + 1, st.step + (st.epochs - st.epoch) * tr.steps_per_epoch
         self._t0, self._it0 = time.perf_counter(), st.iteration
         self._its = (st.epochs - st.epoch) * st.n_batches   # batches in this fit (0: unknown)
         if self.active == 'widget' or self.save_every_draw: self._next = self._t0 + self.every

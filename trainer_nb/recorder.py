@@ -129,7 +129,7 @@ class Recorder(Hook):
         self._p_end, self._p_n = _Buf(np.int64), _Buf(np.int32)  # loss-log stretch of each step not yet in _loss
         self._new = []                            # steps noted since the last `_commit`, as tuples
         self._epochs, self._epoch_step = [], []
-        self._lo, self._cur, self._n_groups = 0, ((), None), 0
+        self._lo, self._cur = 0, ((), None)
         self._pgs, self._mom_key = [], None
 
     # ---- events ----
@@ -144,9 +144,6 @@ class Recorder(Hook):
         # the LR and momentum the optimizer is about to step with (after every hook's before_step)
         pgs, k = self._pgs, self._mom_key
         lrs = [float(g['lr']) for g in pgs]
-        if len(lrs) < self._n_groups:
-            raise ValueError(f"The optimizer has {len(lrs)} parameter groups, fewer than the {self._n_groups} recorded so far")
-        self._n_groups = len(lrs)
         self._cur = (lrs, None if k is None else float(pgs[0][k][0] if k == 'betas' else pgs[0][k]))
 
     def after_step(self):
@@ -179,13 +176,17 @@ class Recorder(Hook):
     # ---- bookkeeping ----
     def _commit(self):
         "Move the steps noted since the last call into the numpy buffers (one block: cheaper than a row at a time)."
+        groups = len(self._lrs)
+        for r in self._new:   # parameter groups may be added between steps, never removed
+            if len(r[4]) < groups:
+                raise ValueError(f"The optimizer has {len(r[4])} parameter groups, fewer than the {groups} recorded so far")
+            groups = len(r[4])
         rows, self._new = self._new, []
         if not rows: return
         steps, its, ends, ns, lrs, moms = zip(*rows)
         n0 = len(self._step)
         self._step.extend(steps); self._iter.extend(its); self._p_end.extend(ends); self._p_n.extend(ns)
-        k = max(map(len, lrs))
-        while len(self._lrs) < k: self._lrs.append(_Buf(np.float64, np.full(n0, np.nan)))   # a group added: NaN before
+        while len(self._lrs) < groups: self._lrs.append(_Buf(np.float64, np.full(n0, np.nan)))   # a group added: NaN before
         for i, b in enumerate(self._lrs):
             b.extend([l[i] if i < len(l) else math.nan for l in lrs] if i else [l[0] for l in lrs])
         if self._mom is None and any(m is not None for m in moms): self._mom = _Buf(np.float64, np.full(n0, np.nan))
@@ -321,7 +322,6 @@ class Recorder(Hook):
         self._step, self._iter = _Buf(np.int64, state['step']), _Buf(np.int64, state['iteration'])
         self._loss = _Buf(np.float32, _none_to_nan(state['loss']))
         self._lrs = [_Buf(np.float64, _none_to_nan(l)) for l in state['lr']]
-        self._n_groups = len(self._lrs)
         self._mom = None if state.get('mom') is None else _Buf(np.float64, _none_to_nan(state['mom']))
         self._epochs, self._epoch_step = [dict(e) for e in state['epochs']], list(state['epoch_step'])
 
