@@ -15,6 +15,6 @@ def test_docs_site_builds():
     for m in modules: assert f'href="{m}.html"' in home, f"{m} missing from the navigation"
     core = (site / 'core.html').read_text()
     assert re.search(r'id="trainer">Trainer<', core)                             # show_doc output is there,
-    assert re.search(r'id="describe-hooks">describe_hooks<', core)                # patched methods included
+    assert re.search(r'id="trainer-describe-hooks">Trainer.describe_hooks<', core)  # methods of its parts included
     assert 'show_doc(' not in core and '#| ' not in core                        # ... without its input cells
     assert (site / 'searchindex.js').exists()

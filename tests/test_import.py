@@ -38,3 +38,29 @@ def test_building_a_trainer_on_cpu_does_not_initialise_cuda():
     p = subprocess.run([sys.executable, '-c', code], cwd=REPO, capture_output=True, text=True, timeout=120)
     assert p.returncode == 0, p.stderr[-3000:]
     assert p.stdout.split()[-2:] == ['cpu', 'False']
+
+
+def test_trainer_from_core_alone_has_its_whole_api():
+    "`from trainer_nb.core import Trainer` and nothing else: every method is there, in help() and dir(), and works."
+    code = r'''
+import io, contextlib, json, sys, torch, torch.nn.functional as F
+from torch.utils.data import DataLoader, TensorDataset
+from trainer_nb.core import Trainer
+api = ['fit', 'fit_one_cycle', 'fit_cosine', 'fit_constant', 'lr_find', 'history', 'evaluate', 'predict',
+       'describe_hooks', 'get_hook', 'state_dict', 'load_state_dict', 'temporary', 'resume_epoch']
+buf = io.StringIO()
+with contextlib.redirect_stdout(buf): help(Trainer)
+x = torch.randn(64, 2)
+t = Trainer(torch.nn.Linear(2, 1), DataLoader(TensorDataset(x, x.sum(1, keepdim=True)), batch_size=8),
+            loss_func=F.mse_loss, cpu=True)
+res = t.lr_find(show=False, num_it=20)
+t.fit_one_cycle(1, res.valley)
+mods = sorted(m for m in sys.modules if m.startswith('trainer_nb'))
+print(json.dumps({'dir': [m for m in api if m not in dir(Trainer)], 'help': [m for m in api if m not in buf.getvalue()],
+                  'epochs': len(t.history), 'loaded': mods}))
+'''
+    p = subprocess.run([sys.executable, '-c', code], cwd=REPO, capture_output=True, text=True, timeout=300)
+    assert p.returncode == 0, p.stderr[-3000:]
+    r = json.loads(p.stdout.strip().splitlines()[-1])
+    assert r['dir'] == [] and r['help'] == [] and r['epochs'] == 1
+    assert 'trainer_nb.all' not in r['loaded']

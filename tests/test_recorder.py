@@ -197,7 +197,7 @@ base, t = status('VmRSS'), time.perf_counter()
 tr.fit(1)
 wall, peak = time.perf_counter() - t, status('VmHWM') - base
 rec = tr.get_hook(Recorder)
-held = rec.nbytes + sum(c.numel() * c.element_size() for c in tr.losses.chunks)
+held = rec.nbytes + tr.losses.nbytes
 print(json.dumps(dict(steps=len(rec.steps), mom=bool(rec.steps.mom.notna().all()), peak=peak, held=held, wall=wall)))
 """
 
@@ -250,7 +250,7 @@ def test_a_stopped_fit_keeps_its_steps_and_the_next_fit_records_on():
 def test_steps_whose_losses_never_reach_the_host_get_nan():
     class Drop(Hook):
         "Loses the losses still on the device when the fit stops (as a failed device would)."
-        def after_cancel(self): self.trainer.losses.pending.clear()
+        def after_cancel(self): self.trainer.losses.truncate(self.trainer.losses.n_host)
     t = make(n_batches=7, hooks=[Drop(), AllLosses()], sync_every=1000)
     t.add_hooks(StopAt(10)); t.fit(2); t.remove_hooks(StopAt)
     t.fit(1)

@@ -4,58 +4,18 @@
 
 # %% ../nbs/06_checkpoint.ipynb #0e49455d
 from __future__ import annotations
-import base64, errno, hashlib, json, math, os, random, re, shutil, signal, socket, threading, time, warnings
+import errno, hashlib, json, math, os, re, shutil, signal, socket, threading, time, warnings, zipfile
 from collections.abc import Mapping
 from pathlib import Path
 
 # %% auto #0
-__all__ = ['rng_state', 'set_rng_state', 'list_checkpoints', 'verify_checkpoint', 'save_checkpoint', 'load_weights', 'resume_fit',
-           'run_config', 'config_diff', 'Checkpoint', 'EarlyStopping', 'MetricsLog', 'read_metrics']
+__all__ = ['list_checkpoints', 'verify_checkpoint', 'run_config', 'config_diff', 'RunDir', 'save_checkpoint', 'load_weights',
+           'resume_fit', 'Checkpoint', 'EarlyStopping', 'MetricsLog', 'read_metrics']
 
 # %% ../nbs/06_checkpoint.ipynb #77d58462
 import numpy as np
 import torch
-from .core import CancelFit, Hook, MainProcessHook, Trainer
-
-# %% ../nbs/06_checkpoint.ipynb #cc2f9362
-def _b64(t: torch.Tensor) -> str: return base64.b64encode(t.cpu().numpy().tobytes()).decode()
-def _unb64(s: str) -> torch.Tensor: return torch.frombuffer(bytearray(base64.b64decode(s)), dtype=torch.uint8)
-
-def _dl_generators(dl) -> list:
-    "The `torch.Generator`s a data loader draws its order from (its own, its sampler's, Accelerate's synchronised one)."
-    cands = [getattr(dl, 'generator', None), getattr(getattr(dl, 'sampler', None), 'generator', None),
-             getattr(getattr(getattr(dl, 'batch_sampler', None), 'sampler', None), 'generator', None),
-             getattr(dl, 'synchronized_generator', None)]
-    out = []
-    for g in cands:
-        if isinstance(g, torch.Generator) and all(g is not o for o in out): out.append(g)
-    return out
-
-def rng_state(dl=None) -> dict:
-    "The states of the global random generators (and of `dl`'s generators), JSON-able."
-    v, mt, gauss = random.getstate()
-    name, keys, pos, has_gauss, cached = np.random.get_state()
-    st = {'python': [v, list(mt), gauss], 'numpy': [name, keys.tolist(), int(pos), int(has_gauss), float(cached)],
-          'torch': _b64(torch.get_rng_state())}
-    if torch.cuda.is_available() and torch.cuda.is_initialized():
-        st['cuda'] = [_b64(s) for s in torch.cuda.get_rng_state_all()]
-    if dl is not None: st['loader'] = [_b64(g.get_state()) for g in _dl_generators(dl)]
-    return st
-
-def set_rng_state(st: dict, dl=None):
-    "Put back the generators saved by `rng_state`."
-    v, mt, gauss = st['python']
-    random.setstate((v, tuple(mt), gauss))
-    name, keys, pos, has_gauss, cached = st['numpy']
-    np.random.set_state((name, np.array(keys, dtype=np.uint32), pos, has_gauss, cached))
-    torch.set_rng_state(_unb64(st['torch']))
-    if 'cuda' in st and torch.cuda.is_available(): torch.cuda.set_rng_state_all([_unb64(s) for s in st['cuda']])
-    if dl is not None and st.get('loader'):
-        gens = _dl_generators(dl)
-        if len(gens) != len(st['loader']):
-            warnings.warn(f"The data loader has {len(gens)} generators, the checkpoint {len(st['loader'])}: "
-                          "the data order may differ from the interrupted run's")
-        for g, s in zip(gens, st['loader']): g.set_state(_unb64(s))
+from .core import CancelFit, Hook, MainProcessHook, Trainer, rng_state, set_rng_state, _name_of, _plain
 
 # %% ../nbs/06_checkpoint.ipynb #dda70a9d
 _NAME = re.compile(r'^step-(\d+)$')
@@ -66,10 +26,12 @@ def _fsync(path):
     try: os.fsync(fd)
     finally: os.close(fd)
 
-def _write_json(path, obj):
+def _write_json(path, obj, indent: int | None = None):
     with open(path, 'w') as f:
-        json.dump(obj, f, allow_nan=True)
-        f.flush(); os.fsync(f.fileno())
+        json.dump(obj, f, allow_nan=True, indent=indent)
+        f.write('\n')
+        f.flush()
+        os.fsync(f.fileno())
 
 def _sha256(path) -> str:
     h = hashlib.sha256()
@@ -104,6 +66,7 @@ def _install(tmp: Path, path: Path):
     _fsync(path.parent)
     if old is not None: shutil.rmtree(old, ignore_errors=True)
 
+# %% ../nbs/06_checkpoint.ipynb #c77e5879
 def _recover(dir: Path) -> list[Path]:
     """Tidy what a process killed while saving or deleting left in `dir`: a complete temporary checkpoint (its manifest
     written, every file matching it) whose final name is free gets that name; the rest is deleted. Returns those renamed."""
@@ -114,7 +77,9 @@ def _recover(dir: Path) -> list[Path]:
             try: ok = _NAME.match(final.name) and not final.exists() and verify_checkpoint(p)
             except Exception: ok = False   # anything wrong with it: not a checkpoint to keep
             if ok:
-                os.rename(p, final); _fsync(p.parent); promoted.append(final)
+                os.rename(p, final)
+                _fsync(p.parent)
+                promoted.append(final)
                 continue
         if p.name.startswith(('.tmp-step-', '.trash-')): shutil.rmtree(p, ignore_errors=True)
     return promoted
@@ -149,15 +114,178 @@ def _step_of(path) -> int:
     m = _NAME.match(Path(path).name)
     return int(m.group(1)) if m else -1
 
-# %% ../nbs/06_checkpoint.ipynb #0bdb7251
-def _hook_key(hooks) -> list[tuple[str, Hook]]:
-    "A stable name per hook: its class name, numbered when a class appears twice."
-    seen, out = {}, []
-    for h in hooks:
-        n = seen[h.name] = seen.get(h.name, 0) + 1
-        out.append((h.name if n == 1 else f'{h.name}#{n}', h))
+# %% ../nbs/06_checkpoint.ipynb #c15acee8
+_ADDR = re.compile(r' at 0x[0-9a-fA-F]+')
+
+def _config_value(v):
+    "`v` as JSON: numbers, strings, lists and dicts as they are, anything else as its `repr` (memory addresses left out)."
+    if v is None or isinstance(v, (bool, int, str)): return v
+    if isinstance(v, float): return v if math.isfinite(v) else repr(v)
+    if isinstance(v, (torch.Tensor, np.ndarray, np.generic)) and v.ndim == 0: return _config_value(v.item())
+    if isinstance(v, Mapping): return {str(k): _config_value(x) for k, x in v.items()}
+    if isinstance(v, (list, tuple)): return [_config_value(x) for x in v]
+    if isinstance(v, os.PathLike): return os.fspath(v)
+    return _ADDR.sub('', repr(v))
+
+def _fname(f) -> str | None: return None if f is None else _name_of(f)
+
+def _n_samples(dl) -> int | None:
+    try: return len(dl.dataset)
+    except (AttributeError, TypeError): return None
+
+def run_config(trainer: Trainer, epochs: int | None = None, config: dict | None = None) -> dict:
+    "The user's `config` and, under `'trainer'`, what `trainer` knows of a fit of `epochs` epochs; JSON-safe."
+    t, acc = trainer, trainer.accelerator
+    config = dict(config or {})
+    if 'trainer' in config: raise ValueError("The config key 'trainer' is reserved for what the trainer knows: rename it")
+    model, opt = t.unwrapped_model, getattr(t.opt, 'optimizer', t.opt)
+    known = {'model': type(model).__name__, 'parameters': sum(p.numel() for p in model.parameters()),
+             'optimizer': {'class': type(opt).__name__, **opt.defaults},
+             'lr': t.lr if len(t._base_lrs) == 1 else list(t._base_lrs), 'epochs': epochs,
+             'batch_size': getattr(t.train_dl, 'batch_size', None), 'train_samples': _n_samples(t.train_dl),
+             'grad_accum': t.grad_accum, 'mixed_precision': str(acc.mixed_precision), 'max_grad_norm': t.max_grad_norm,
+             'scheduler': t.scheduler_func, 'loss_func': _fname(t.loss_func), 'train_step': _fname(t.train_step),
+             'metrics': [_fname(m) for m in t.metrics], 'hooks': [h.name for h in t.hooks],
+             'num_processes': acc.num_processes}
+    return _config_value({**config, 'trainer': known})
+
+def _flat(d: dict, prefix: str = '') -> dict:
+    out = {}
+    for k, v in d.items():
+        if isinstance(v, dict) and v: out.update(_flat(v, f'{prefix}{k}.'))
+        else: out[f'{prefix}{k}'] = v
     return out
 
+def config_diff(old: dict, new: dict) -> list[str]:
+    "Where configs `old` and `new` differ, one line per key: `'key: old -> new'` (nested keys joined by dots)."
+    a, b, absent = _flat(old), _flat(new), object()
+    show = lambda d, k: json.dumps(d[k]) if k in d else '(absent)'
+    keys = [*b, *(k for k in a if k not in b)]
+    return [f"{k}: {show(a, k)} -> {show(b, k)}" for k in keys if a.get(k, absent) != b.get(k, absent)]
+
+# %% ../nbs/06_checkpoint.ipynb #ad7b226a
+def _lock_owner(fd: int, wait: bool = False) -> dict:
+    "Who the lock file open as `fd` says holds it ({} if it says nothing; `wait`: give its holder a second to write it)."
+    for _ in range(20 if wait else 1):
+        try: d = json.loads(os.pread(fd, 4096, 0) or b'null')
+        except ValueError: d = None
+        if isinstance(d, dict): return d
+        if wait: time.sleep(0.05)
+    return {}
+
+def _take_lock(dir: Path) -> int | None:
+    """Hold `dir/LOCK` (an exclusive `flock`, which the system drops when the process ends, however it ends) and write
+    who holds it; returns its file descriptor. A lock file nobody holds was left by a process that is gone: taken over."""
+    try: import fcntl
+    except ImportError:   # no flock on this platform
+        warnings.warn(f"File locks are not available here: {dir} is not locked against a second run")
+        return None
+    lock, me = dir / 'LOCK', {'pid': os.getpid(), 'host': socket.gethostname()}
+    while True:
+        fd = os.open(lock, os.O_RDWR | os.O_CREAT, 0o644)
+        try: fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError as e:
+            other = _lock_owner(fd, wait=True)
+            os.close(fd)
+            if e.errno not in (errno.EAGAIN, errno.EACCES):
+                raise RuntimeError(f"Cannot lock {lock} ({e}): pass lock=False if this file system has no locks") from None
+            who = f"process {other.get('pid')} on {other.get('host')}" if other else "another process"
+            raise RuntimeError(f"{dir} is in use by {who} (its lock file {lock}): use another directory, "
+                               "or stop that run first") from None
+        try: same = os.fstat(fd).st_ino == os.stat(lock).st_ino
+        except FileNotFoundError: same = False
+        if same: break
+        os.close(fd)   # its holder removed the file (releasing it) between our open and our lock: again
+    prev = _lock_owner(fd)
+    if prev and (prev.get('pid'), prev.get('host')) != (me['pid'], me['host']):
+        warnings.warn(f"Taking over the lock of {dir} left by process {prev.get('pid')}, which is gone")
+    os.ftruncate(fd, 0)
+    os.pwrite(fd, json.dumps(me).encode(), 0)
+    os.fsync(fd)
+    return fd
+
+def _release_lock(dir: Path, fd: int | None):
+    if fd is None: return
+    try: (dir / 'LOCK').unlink()   # before unlocking: a process that opened the file meanwhile sees it gone
+    except FileNotFoundError: pass
+    os.close(fd)
+
+# %% ../nbs/06_checkpoint.ipynb #c0e95075
+class RunDir:
+    "A run's directory: its lock, its checkpoints (`last`, `best`, rotation) and its `config.json`, tidied after a crash."
+    def __init__(self, path, lock: bool = True):
+        self.path, self.lock, self._fd = Path(path), lock, None
+
+    def __repr__(self): return f"RunDir({str(self.path)!r})"
+
+    def open(self) -> list[Path]:
+        """Make the directory, take its lock (unless `lock=False`) and tidy what a killed run left there; returns the
+        checkpoints completed by that. Refuses a directory that another live run holds."""
+        self.path.mkdir(parents=True, exist_ok=True)
+        if self.lock: self._fd = _take_lock(self.path)
+        try: return _recover(self.path)
+        except BaseException:
+            self.close()
+            raise
+
+    def close(self):
+        "Let go of the lock."
+        fd, self._fd = self._fd, None
+        _release_lock(self.path, fd)
+
+    @property
+    def checkpoints(self) -> list[Path]:
+        "The complete checkpoints, oldest first."
+        return list_checkpoints(self.path)
+
+    @property
+    def last(self) -> Path | None:
+        "The newest complete checkpoint (None if there is none)."
+        cks = self.checkpoints
+        return cks[-1] if cks else None
+
+    def best(self, name: str | None = None) -> Path | None:
+        "The complete checkpoint called `name` (by default the one `best.json` names); None if there is none."
+        if name is None:
+            try: name = json.loads((self.path / 'best.json').read_text())['name']
+            except (FileNotFoundError, ValueError, KeyError): return None
+        p = self.path / name
+        return p if (p / _MANIFEST).is_file() else None
+
+    def set_best(self, name: str, monitor: str, value: float):
+        "Name checkpoint `name` the best by `monitor` (`best.json`, replaced atomically)."
+        tmp = self.path / '.best.json.tmp'
+        _write_json(tmp, {'name': name, 'monitor': monitor, 'value': value})
+        os.replace(tmp, self.path / 'best.json')
+        _fsync(self.path)
+
+    def rotate(self, keep_last: int | None, keep=()):
+        "Delete all but the `keep_last` newest checkpoints (None: keep all), sparing those named in `keep`."
+        if keep_last is None: return
+        for p in [p for p in self.checkpoints if p.name not in keep][:-keep_last]: _remove(p)
+
+    def write_config(self, cfg: dict, resumed_from=None) -> list[str]:
+        """Write `config.json` atomically. `resumed_from`: the checkpoint this run continues; where the `config.json` of
+        its run differs from `cfg`, print each difference and warn. Returns the differences."""
+        old_file = None if resumed_from is None else Path(resumed_from).parent / 'config.json'
+        diff = []
+        if old_file is not None and old_file.is_file():
+            try: old = json.loads(old_file.read_text())
+            except ValueError: old = None   # unreadable: replaced below
+            diff = config_diff(old, cfg) if isinstance(old, dict) else []
+        if diff:
+            print(f"Resuming {Path(resumed_from).name} with a config that differs from {old_file}:",
+                  *(f"  {l}" for l in diff), sep='\n', flush=True)
+            keys = [l.split(': ', 1)[0] for l in diff]
+            warnings.warn(f"Resuming with a changed config ({len(keys)} difference{'s' * (len(keys) > 1)}: "
+                          f"{', '.join(keys)}); {self.path / 'config.json'} now holds the new one")
+        tmp = self.path / '.config.json.tmp'
+        _write_json(tmp, cfg, indent=2)
+        os.replace(tmp, self.path / 'config.json')
+        _fsync(self.path)
+        return diff
+
+# %% ../nbs/06_checkpoint.ipynb #0bdb7251
 def _jsonable(obj, what):
     try: return json.loads(json.dumps(obj, allow_nan=True))
     except TypeError as e:
@@ -179,29 +307,29 @@ def save_checkpoint(trainer: Trainer, path,
     "Save `trainer` (weights, optimizer, scheduler, scaler, generators, counters, hooks' states) atomically to `path`."
     t, acc, s = trainer, trainer.accelerator, trainer.state
     _check_safe(acc)
-    path = Path(path)
+    path, main, i = Path(path), acc.is_main_process, acc.process_index
     tmp = path.with_name(f'.tmp-{path.name}')
     if position is None: position = (s.epoch, s.batch + 1)
-    if acc.is_main_process:
+    if main:
         shutil.rmtree(tmp, ignore_errors=True)
         tmp.mkdir(parents=True)
     acc.wait_for_everyone()
-    cur = rng_state(t._train_dataloader(t.train_dl) if t.train_dl is not None else None)
-    _write_json(tmp / f'rng_{acc.process_index}.json', {'current': cur, 'epoch_start': epoch_rng})
+    _write_json(tmp / f'rng_{i}.json', {'current': rng_state(t.train_loader), 'epoch_start': epoch_rng})
+    sd = t.state_dict(hooks=main)   # each process's own losses; the hooks' states from the main process
+    losses = sd.pop('losses')
     from safetensors.torch import save
-    (tmp / f'losses_{acc.process_index}.safetensors').write_bytes(save({'losses': t.losses.values.contiguous()}))
+    (tmp / f'losses_{i}.safetensors').write_bytes(save({
+        'losses': losses['values'].contiguous(), 'skipped': torch.tensor(losses['skipped'], dtype=torch.int64)}))
     acc.save_state(str(tmp), safe_serialization=True)
-    if acc.is_main_process:
-        hooks = {k: _jsonable(h.state_dict(), f"{k}.state_dict()") for k, h in _hook_key(t.hooks)}
-        state = {'format': 1, 'state': s.state_dict(), 'position': list(position), 'base_lrs': list(t._base_lrs),
-                 'scheduler': None if t.scheduler is None else _jsonable(t.scheduler.state_dict(), "the scheduler's state"),
-                 'accum_step': int(acc.step), 'grad_accum': t.grad_accum, 'num_processes': acc.num_processes,
-                 'fit_start': s.epoch if fit_start is None else fit_start,
-                 'fit_epochs': s.epochs - (s.epoch if fit_start is None else fit_start) if fit_epochs is None else fit_epochs,
-                 'hooks': hooks, 'stopped': stopped, 'time': time.time()}
-        _write_json(tmp / _STATE, state)
+    if main:
+        sd['hooks'] = {k: _jsonable(v, f"{k}.state_dict()") for k, v in sd['hooks'].items()}
+        if sd['scheduler'] is not None: sd['scheduler'] = _jsonable(sd['scheduler'], "the scheduler's state")
+        start = s.epoch if fit_start is None else fit_start
+        _write_json(tmp / _STATE, {'format': 1, **sd, 'position': list(position), 'num_processes': acc.num_processes,
+                                   'fit_start': start, 'fit_epochs': s.epochs - start if fit_epochs is None else fit_epochs,
+                                   'stopped': stopped, 'time': time.time()})
     acc.wait_for_everyone()
-    if acc.is_main_process:
+    if main:
         _seal(tmp, checksum)
         _install(tmp, path)   # (a checkpoint of the same step already there is replaced, never lost)
     acc.wait_for_everyone()
@@ -247,10 +375,46 @@ def load_weights(model, path, strict: bool = True):
     res.missing_keys[:] = [k for k in res.missing_keys if k not in tied]
     return res
 
+# %% ../nbs/06_checkpoint.ipynb #d3d52972
+def _unusable(path: Path, msg: str) -> ValueError:
+    return ValueError(f"Checkpoint {path} can't be resumed from: {msg}")
+
+def _check_file(path: Path, name: str):
+    "Raise, naming the file, unless `path/name` loads as what its name says (JSON, safetensors, plain torch tensors)."
+    p = path / name
+    if not p.is_file(): raise _unusable(path, f"{name} is missing")
+    try:
+        if name.endswith('.json'): json.loads(p.read_text())
+        elif name.endswith('.safetensors'):
+            from safetensors import safe_open
+            with safe_open(str(p), framework='pt') as f: list(f.keys())
+        elif name.endswith(('.bin', '.pkl', '.pt')):
+            from accelerate.utils import load
+            with warnings.catch_warnings():   # (torch warns about the pickle protocol of files it then refuses)
+                warnings.simplefilter('ignore')
+                load(str(p), map_location='cpu', mmap=zipfile.is_zipfile(p))
+    except Exception as e:
+        if 'weights_only' in str(e):   # torch.load(weights_only=True) refused it
+            raise _unusable(path, f"{name} is not a plain tensor file: refusing to load it; the checkpoint may be "
+                                  "damaged or tampered with") from None
+        raise _unusable(path, f"{name} can't be read ({type(e).__name__}; truncated or damaged?)") from None
+
+def _check_files(path: Path, acc) -> str:
+    "Check every file a resume of this process reads, and every torch file (see above); returns its loss log's name."
+    i = acc.process_index
+    losses = next((n for n in (f'losses_{i}.safetensors', 'losses_0.safetensors', 'losses.safetensors')
+                   if (path / n).is_file()), f'losses_{i}.safetensors')
+    names = ['model.safetensors', 'optimizer.bin', _STATE, f'rng_{i}.json', f'random_states_{i}.pkl', losses]
+    if acc.scaler is not None: names.append('scaler.pt')
+    names += sorted(p.name for p in path.iterdir() if p.suffix in ('.bin', '.pkl', '.pt') and p.name not in names)
+    for name in names: _check_file(path, name)
+    return losses
+
 # %% ../nbs/06_checkpoint.ipynb #de5d4341
 def _is_checkpoint(h) -> bool: return callable(getattr(h, '_resumed', None))   # by shape: notebook and library classes mix
 
-def _resolve(trainer, resume) -> Path:
+def _checkpoint_path(trainer, resume) -> Path | None:
+    "The checkpoint `resume` names: 'last' or 'best' of the `Checkpoint` hook's directory, or a path."
     if resume in ('last', 'best'):
         cks = [h for h in trainer.hooks if _is_checkpoint(h)]
         if not cks: raise ValueError(f"resume={resume!r} needs a Checkpoint hook (its directory): add one, or pass a path")
@@ -278,202 +442,93 @@ def resume_fit(trainer: Trainer, resume):
         for h in opened: h._close()
         raise
 
-def _resume(t: Trainer, resume) -> Path:
+# %% ../nbs/06_checkpoint.ipynb #2d6aa58b
+def _check_compatible(t: Trainer, st: dict):
+    "Warn where the checkpoint's run differs from this one; refuse a different kind of schedule."
     acc, s = t.accelerator, t.state
-    path = _resolve(t, resume)
-    if path is None: raise FileNotFoundError(f"No complete checkpoint to resume from (resume={resume!r})")
-    verify_checkpoint(path)
-    st = json.loads((path / _STATE).read_text())
-    rng = json.loads((path / f'rng_{acc.process_index}.json').read_text())
     if st['grad_accum'] != t.grad_accum:
         warnings.warn(f"The checkpoint was taken with grad_accum={st['grad_accum']}, this trainer has {t.grad_accum}")
     if st['num_processes'] != acc.num_processes:
         warnings.warn(f"The checkpoint was taken on {st['num_processes']} processes, this run has {acc.num_processes}: "
                       "the data order differs")
-    epochs = s.epochs - s.epoch   # this fit's `epochs`
-    if epochs != st['fit_epochs']:
-        warnings.warn(f"The interrupted fit was asked for {st['fit_epochs']} epochs, this one for {epochs}: "
+    if s.epochs - s.epoch != st['fit_epochs']:
+        warnings.warn(f"The interrupted fit was asked for {st['fit_epochs']} epochs, this one for {s.epochs - s.epoch}: "
                       "its schedule continues from the checkpoint's state")
     if (t.scheduler is None) != (st['scheduler'] is None):
         raise ValueError("The checkpoint was taken " + ("with" if st['scheduler'] is not None else "without") +
                          " a scheduler, this fit has " + ("one" if t.scheduler is not None else "none") +
                          ": resume with the same fit method (and scheduler=) as the interrupted run")
+
+def _resume(t: Trainer, resume) -> Path:
+    acc, s = t.accelerator, t.state
+    path = _checkpoint_path(t, resume)
+    if path is None: raise FileNotFoundError(f"No complete checkpoint to resume from (resume={resume!r})")
+    verify_checkpoint(path)
+    losses_file = _check_files(path, acc)
+    st = json.loads((path / _STATE).read_text())
+    rng = json.loads((path / f'rng_{acc.process_index}.json').read_text())
+    _check_compatible(t, st)
+    epochs = s.epochs - s.epoch   # this fit's `epochs`
     _check_keys(t.unwrapped_model, path / 'model.safetensors')
-    acc.load_state(str(path))
-    if t.scheduler is not None: t.scheduler.load_state_dict(st['scheduler'])
-    t._base_lrs = list(st['base_lrs'])
+    try: acc.load_state(str(path))
+    except Exception as e:
+        raise ValueError(f"Checkpoint {path}: loading the model, optimizer or grad scaler into this trainer failed "
+                         f"({type(e).__name__}: {e})") from None
     from safetensors.torch import load_file
-    log = t.losses
-    # this process's losses (`losses.safetensors`: a checkpoint of one writer; process 0's: a run on more processes)
-    names = [f'losses_{acc.process_index}.safetensors', 'losses_0.safetensors', 'losses.safetensors']
-    file = next((path / n for n in names if (path / n).is_file()), None)
-    vals = load_file(str(file))['losses'] if file is not None else torch.zeros(0)
-    log.pending.clear(); log.unchecked.clear(); log.skipped = set()
-    log.chunks, log.n = ([vals] if len(vals) else []), len(vals)
-    # counters; the epoch (and batch) where the interrupted fit continues
-    s.load_state_dict({k: v for k, v in st['state'].items() if hasattr(s, k)})
+    saved = load_file(str(path / losses_file))
+    losses = {'values': saved['losses'], 'skipped': saved['skipped'].tolist() if 'skipped' in saved else []}
+    try: t.load_state_dict({**st, 'losses': losses})
+    except Exception as e:
+        raise ValueError(f"Checkpoint {path}: {_STATE} does not load into this trainer ({type(e).__name__}: {e})") from e
+    # the counters are as they were at the save (`opt_stepped` included: a hook may read it before the next batch)
     epoch, done = st['position']
     s.epochs = st['fit_start'] + epochs
-    # the counters are as they were at the save (`opt_stepped` included: a hook may read it before the next batch)
     stopped = st.get('stopped')
     if stopped: done = 0   # a fit stopped by `CancelFit` at this epoch's end: it stays stopped (see `Checkpoint`)
     elif epoch < s.epochs: s.epoch, s.batch = epoch, 0
     else: s.epoch = epoch   # nothing left to train: the counters stay as the fit left them
-    acc.step = st['accum_step']
-    names = dict(_hook_key(t.hooks))
-    for k, h in names.items():
-        if h.main_process_only and not acc.is_main_process: continue
-        if k in st['hooks']: h.load_state_dict(st['hooks'][k])
-        elif h.state_dict(): warnings.warn(f"The checkpoint holds no state for hook {k}: it starts afresh")
     cks = [h for h in t.hooks if _is_checkpoint(h)]
     for h in cks: h._resumed(st, rng['epoch_start'] if done else None, path)
     if stopped and not cks:   # (with a Checkpoint hook, it stops the fit again with the same reason)
         warnings.warn(f"The fit saved in {path} stopped there ({stopped}): nothing left to train")
         s.epochs = s.epoch
-    if done:
-        def _epoch_iter(dl):
-            set_rng_state(rng['epoch_start'], dl)   # the epoch's data order, as when it started
-            it = iter(dl)
-            for i in range(done):
-                try: next(it)
-                except StopIteration: break
-            s.batch = done
-            set_rng_state(rng['current'], dl)        # and the random numbers as they were after the last batch saved
-            return it
-        t._epoch_iter = _epoch_iter
-    else: set_rng_state(rng['current'], t._train_dataloader(t.train_dl))
+    replay = any(getattr(h, 'replay_batches', False) for h in cks)
+    if done: t.resume_epoch(done, rng['epoch_start'], rng['current'], replay=replay)
+    else: set_rng_state(rng['current'], t.train_loader)
     return path
 
-# %% ../nbs/06_checkpoint.ipynb #c15acee8
-_ADDR = re.compile(r' at 0x[0-9a-fA-F]+')
-
-def _config_value(v):
-    "`v` as JSON: numbers, strings, lists and dicts as they are, anything else as its `repr` (memory addresses left out)."
-    if v is None or isinstance(v, (bool, int, str)): return v
-    if isinstance(v, float): return v if math.isfinite(v) else repr(v)
-    if isinstance(v, (torch.Tensor, np.ndarray, np.generic)) and v.ndim == 0: return _config_value(v.item())
-    if isinstance(v, Mapping): return {str(k): _config_value(x) for k, x in v.items()}
-    if isinstance(v, (list, tuple)): return [_config_value(x) for x in v]
-    if isinstance(v, os.PathLike): return os.fspath(v)
-    return _ADDR.sub('', repr(v))
-
-def _fname(f) -> str | None: return None if f is None else getattr(f, '__name__', type(f).__name__)
-
-def _n_samples(dl) -> int | None:
-    try: return len(dl.dataset)
-    except (AttributeError, TypeError): return None
-
-def run_config(trainer: Trainer, epochs: int | None = None, config: dict | None = None) -> dict:
-    "The user's `config` and, under `'trainer'`, what `trainer` knows of a fit of `epochs` epochs; JSON-safe."
-    t, acc = trainer, trainer.accelerator
-    config = dict(config or {})
-    if 'trainer' in config: raise ValueError("The config key 'trainer' is reserved for what the trainer knows: rename it")
-    model, opt = t.unwrapped_model, getattr(t.opt, 'optimizer', t.opt)
-    known = {'model': type(model).__name__, 'parameters': sum(p.numel() for p in model.parameters()),
-             'optimizer': {'class': type(opt).__name__, **opt.defaults},
-             'lr': t.lr if len(t._base_lrs) == 1 else list(t._base_lrs), 'epochs': epochs,
-             'batch_size': getattr(t.train_dl, 'batch_size', None), 'train_samples': _n_samples(t.train_dl),
-             'grad_accum': t.grad_accum, 'mixed_precision': str(acc.mixed_precision), 'max_grad_norm': t.max_grad_norm,
-             'scheduler': t.scheduler_func, 'loss_func': _fname(t.loss_func), 'train_step': _fname(t.train_step),
-             'metrics': [_fname(m) for m in t.metrics], 'hooks': [h.name for h in t.hooks],
-             'num_processes': acc.num_processes}
-    return _config_value({**config, 'trainer': known})
-
-def _flat(d: dict, prefix: str = '') -> dict:
-    out = {}
-    for k, v in d.items():
-        if isinstance(v, dict) and v: out.update(_flat(v, f'{prefix}{k}.'))
-        else: out[f'{prefix}{k}'] = v
-    return out
-
-def config_diff(old: dict, new: dict) -> list[str]:
-    "Where configs `old` and `new` differ, one line per key: `'key: old -> new'` (nested keys joined by dots)."
-    a, b, absent = _flat(old), _flat(new), object()
-    show = lambda d, k: json.dumps(d[k]) if k in d else '(absent)'
-    keys = [*b, *(k for k in a if k not in b)]
-    return [f"{k}: {show(a, k)} -> {show(b, k)}" for k in keys if a.get(k, absent) != b.get(k, absent)]
-
-def _write_config(dir: Path, cfg: dict):
-    "Write `dir/config.json` atomically."
-    tmp = dir / '.config.json.tmp'
-    with open(tmp, 'w') as f:
-        json.dump(cfg, f, indent=2); f.write('\n')
-        f.flush(); os.fsync(f.fileno())
-    os.replace(tmp, dir / 'config.json')
-    _fsync(dir)
-
-# %% ../nbs/06_checkpoint.ipynb #8b07469b
-class Checkpoint(Hook):
-    "Save the trainer every `every_steps` steps / `every_seconds` seconds / epoch end; keep the last `keep_last` and the best."
-    order = 85   # after the hooks whose state it saves (Recorder 10, MetricsLog 80, EarlyStopping 82)
-
-    def __init__(self, dir, every_steps: int | None = None, every_seconds: float | None = None,
-                 at_epoch_end: bool = True, keep_last: int | None = 3,
-                 monitor: str | None = 'valid_loss', mode: str = 'min', load_best_at_end: bool = False,
-                 handle_signals: bool = True, checksum: bool = True, lock: bool = True,
-                 config: dict | None = None):   # the run's config, written to `dir/config.json` (see `run_config`)
-        if config is not None and not isinstance(config, Mapping): raise TypeError(f"config must be a dict, got {config!r}")
-        if config is not None and 'trainer' in config:
-            raise ValueError("The config key 'trainer' is reserved for what the trainer knows: rename it")
-        if mode not in ('min', 'max'): raise ValueError(f"mode must be 'min' or 'max', got {mode!r}")
-        if keep_last is not None and keep_last < 1: raise ValueError(f"keep_last must be >= 1 or None, got {keep_last}")
-        if every_steps is not None and every_steps < 1: raise ValueError(f"every_steps must be >= 1, got {every_steps}")
-        self.dir = Path(dir)
-        self.every_steps, self.every_seconds, self.at_epoch_end = every_steps, every_seconds, at_epoch_end
-        self.keep_last, self.monitor, self.mode, self.load_best_at_end = keep_last, monitor, mode, load_best_at_end
-        self.handle_signals, self.checksum, self.lock, self.config = handle_signals, checksum, lock, config
-        self.best_value, self.best_name = None, None
-        self.saved = []   # the checkpoints this hook wrote in the current (or last) fit, oldest first
-        self._signal, self._old_handlers, self._epoch_rng, self._fit_start, self._resume_rng = None, {}, None, None, None
-        self._lock_fd, self._opened, self._resumed_from, self._stopped = None, False, None, None
-        self._saved_step, self._warned, self._in_epoch, self._epoch_ended = None, False, None, False
-
-    # ---- where things are ----
+# %% ../nbs/06_checkpoint.ipynb #d622c415
+class _CheckpointRun:
+    "The `Checkpoint` hook's run directory: where its checkpoints are, and opening it for a fit (or a resume)."
+    @property
+    def dir(self) -> Path: return self.run.path
     @property
     def last(self) -> Path | None:
         "The newest complete checkpoint in `dir` (None if there is none)."
-        cks = list_checkpoints(self.dir)
-        return cks[-1] if cks else None
-
+        return self.run.last
     @property
     def best(self) -> Path | None:
         "The best checkpoint so far by `monitor` (None if there is none)."
-        name = self.best_name   # the same on every process; `best.json` says it for a run this hook did not see
-        if name is None:
-            try: name = json.loads((self.dir / 'best.json').read_text())['name']
-            except (FileNotFoundError, ValueError, KeyError): return None
-        p = self.dir / name
-        return p if (p / _MANIFEST).is_file() else None
-
-    # ---- state (saved in checkpoints) ----
-    def state_dict(self) -> dict: return {'best_value': self.best_value, 'best_name': self.best_name}
-    def load_state_dict(self, d: dict): self.best_value, self.best_name = d['best_value'], d['best_name']
+        return self.run.best(self.best_name)   # (the same name on every process; `best.json` for a run not seen)
 
     def _resumed(self, st, epoch_rng, path):
         "Called by `resume_fit`: the interrupted fit's first epoch, the epoch-start generators of a mid-epoch resume, the checkpoint."
         self._fit_start, self._resume_rng, self._resumed_from = st['fit_start'], epoch_rng, Path(path)
         self._stopped = st.get('stopped')
 
-    # ---- the run directory ----
     def _open(self) -> bool:
-        """Check the run directory, take its lock, and tidy what a killed run left there; once per fit (`resume_fit`
-        calls it before loading anything, `before_fit` otherwise). Every process calls it. True if it opened it now."""
+        """Open the run directory (its lock, and what a killed run left there) once per fit: `resume_fit` calls this
+        before loading anything, `before_fit` otherwise. Every process calls it. True if it opened it now."""
         if self._opened: return False
-        t = self.trainer
-        acc = t.accelerator
+        acc = self.trainer.accelerator
         if acc.project_configuration.automatic_checkpoint_naming:
             raise ValueError("Checkpoint names its checkpoints itself: make the Accelerator without "
                              "ProjectConfiguration(automatic_checkpoint_naming=True)")
         _check_safe(acc)
         err = None
-        if t.is_main_process:
-            try:
-                self.dir.mkdir(parents=True, exist_ok=True)
-                if self.lock: self._take_lock()
-                _recover(self.dir)
-            except Exception as e:
-                err = e
-                self._release_lock()
+        if acc.is_main_process:
+            try: self.run.open()
+            except Exception as e: err = e
         if acc.num_processes > 1:   # every process learns of a refusal (and waits for the tidying)
             import torch.distributed as dist
             x = torch.tensor([float(err is not None)], device=acc.device)
@@ -485,29 +540,130 @@ class Checkpoint(Hook):
         return True
 
     def _close(self):
-        self._release_lock()
+        self.run.close()
         self._opened = False
 
-    # ---- events ----
+# %% ../nbs/06_checkpoint.ipynb #16494a1e
+class _CheckpointSaving(_CheckpointRun):
+    "How the `Checkpoint` hook saves: when, which checkpoint is the best, and what a signal does."
+    def save(self, position=None, stopped: str | None = None) -> Path:
+        "Save a checkpoint now (every process must call this, at a step boundary); returns its path. A step saved already in this fit is not saved again."
+        t, s = self.trainer, self.trainer.state
+        path = self.dir / f'step-{s.step:08d}'
+        if self._saved_step == s.step: return path
+        save_checkpoint(t, path, position=position, epoch_rng=self._epoch_rng, checksum=self.checksum,
+                        fit_start=self._fit_start, stopped=stopped)
+        self._saved_step, self._last_save = s.step, time.monotonic()
+        self.saved.append(path)
+        if t.is_main_process: self.run.rotate(self.keep_last, keep=[self.best_name])
+        return path
+
+    def _end_epoch(self, stopped: str | None = None):
+        "Track the best; save the epoch's end (when `at_epoch_end`, when it is the best, or when the fit stops here)."
+        t, s = self.trainer, self.trainer.state
+        res = t.epoch_results
+        if self.monitor and self.monitor not in res and not self._warned:
+            self._warned = True
+            warnings.warn(f"Checkpoint monitors {self.monitor!r}, which is not among this epoch's results {list(res)}: "
+                          "no checkpoint is marked best" + (" and load_best_at_end loads nothing" if self.load_best_at_end
+                                                            else "") + " (pass monitor= one of them, or monitor=None)")
+        v = res.get(self.monitor) if self.monitor else None
+        better = isinstance(v, (int, float)) and not math.isnan(v) and (
+            self.best_value is None or (v < self.best_value if self.mode == 'min' else v > self.best_value))
+        if self.at_epoch_end or better or stopped:
+            if better: self.best_value, self.best_name = float(v), f'step-{s.step:08d}'
+            self.save(position=(s.epoch + 1, 0), stopped=stopped)
+            if better and t.is_main_process: self.run.set_best(self.best_name, self.monitor, self.best_value)
+
+    def _warn_unreported_monitor(self):
+        "Say once, at the first fit, that the monitored key will never be reported (validation needs a valid_dl)."
+        t = self.trainer
+        if self._warned or not self.monitor or t.valid_dl is not None: return
+        if self.monitor == 'valid_loss' or self.monitor in [_name_of(m) for m in t.metrics]:
+            self._warned = True
+            warnings.warn(f"Checkpoint monitors {self.monitor!r}, which only validation reports, and the trainer has no "
+                          "valid_dl: no checkpoint is marked best" + (" and load_best_at_end loads nothing"
+                          if self.load_best_at_end else "") + " (give the trainer a valid_dl, or pass monitor=None)")
+
+    def _catch_signals(self):
+        "Save and stop at the next step on SIGTERM and SIGINT (on the main thread only: where signals arrive)."
+        if threading.current_thread() is threading.main_thread():
+            for sig in (signal.SIGTERM, signal.SIGINT): self._old_handlers[sig] = signal.signal(sig, self._on_signal)
+
+    def _release_signals(self):
+        for sig, h in self._old_handlers.items(): signal.signal(sig, h)
+        self._old_handlers = {}
+
+    def _on_signal(self, signum, frame):
+        if self._signal is not None:   # a second signal: stop now, as without the hook
+            if signum == signal.SIGINT: raise KeyboardInterrupt
+            raise SystemExit(128 + signum)
+        self._signal = signum
+
+    def _agree(self, due: bool, stop):
+        "The same decision on every process: save if any process is due, stop if any got a signal."
+        import torch.distributed as dist
+        x = torch.tensor([float(due), float(stop or 0)], device=self.trainer.device)
+        dist.all_reduce(x, op=dist.ReduceOp.MAX)
+        due, stop = x.tolist()
+        return bool(due), (int(stop) or None)
+
+    def _stop(self, signum):
+        name = signal.Signals(signum).name
+        if signum == signal.SIGINT: raise KeyboardInterrupt(f"{name}: saved {self.last} and stopped")
+        raise SystemExit(128 + signum)
+
+def _check_checkpoint_args(config, mode, keep_last, every_steps):
+    if config is not None and not isinstance(config, Mapping): raise TypeError(f"config must be a dict, got {config!r}")
+    if config is not None and 'trainer' in config:
+        raise ValueError("The config key 'trainer' is reserved for what the trainer knows: rename it")
+    if mode not in ('min', 'max'): raise ValueError(f"mode must be 'min' or 'max', got {mode!r}")
+    if keep_last is not None and keep_last < 1: raise ValueError(f"keep_last must be >= 1 or None, got {keep_last}")
+    if every_steps is not None and every_steps < 1: raise ValueError(f"every_steps must be >= 1, got {every_steps}")
+
+# %% ../nbs/06_checkpoint.ipynb #8b07469b
+class Checkpoint(_CheckpointSaving, Hook):
+    "Save the trainer every `every_steps` steps / `every_seconds` seconds / epoch end; keep the last `keep_last` and the best."
+    order = 85   # after the hooks whose state it saves (Recorder 10, MetricsLog 80, EarlyStopping 82)
+
+    def __init__(self, dir, every_steps: int | None = None, every_seconds: float | None = None,
+                 at_epoch_end: bool = True, keep_last: int | None = 3,
+                 monitor: str | None = 'valid_loss', mode: str = 'min', load_best_at_end: bool = False,
+                 handle_signals: bool = True, checksum: bool = True, lock: bool = True,
+                 config: dict | None = None,    # the run's config, written to `dir/config.json` (see `run_config`)
+                 replay_batches: bool = False): # a mid-epoch resume loads and discards the batches done (see above)
+        _check_checkpoint_args(config, mode, keep_last, every_steps)
+        self.run = RunDir(dir, lock)
+        self.every_steps, self.every_seconds, self.at_epoch_end = every_steps, every_seconds, at_epoch_end
+        self.keep_last, self.monitor, self.mode, self.load_best_at_end = keep_last, monitor, mode, load_best_at_end
+        self.handle_signals, self.checksum, self.config, self.replay_batches = handle_signals, checksum, config, replay_batches
+        self.best_value, self.best_name, self.saved = None, None, []   # saved: this fit's checkpoints, oldest first
+        self._signal, self._old_handlers, self._epoch_rng, self._fit_start, self._resume_rng = None, {}, None, None, None
+        self._opened, self._resumed_from, self._stopped, self._warned, self._saved_step = False, None, None, False, None
+        self._in_epoch, self._epoch_ended = None, False
+
+    def state_dict(self) -> dict: return {'best_value': self.best_value, 'best_name': self.best_name}
+    def load_state_dict(self, d: dict): self.best_value, self.best_name = d['best_value'], d['best_name']
+
     def before_fit(self):
         t = self.trainer
         self._n_procs, self._last_save, self._signal = t.accelerator.num_processes, time.monotonic(), None
-        self.saved, self._saved_step, self._warned, self._in_epoch, self._epoch_ended = [], None, False, None, False
+        self.saved, self._saved_step, self._in_epoch, self._epoch_ended = [], None, None, False
         if self._fit_start is None: self._fit_start = t.state.epoch
         self._open()
-        if t.is_main_process: self._write_config()
+        self._warn_unreported_monitor()
+        if t.is_main_process:
+            self.run.write_config(run_config(t, t.state.epochs - self._fit_start, self.config), self._resumed_from)
         if self._stopped is not None:   # resumed from the checkpoint of a fit that CancelFit stopped: it stays stopped
             why, self._stopped = self._stopped, None
             raise CancelFit(f"{why} (resumed from {self._resumed_from}, where the fit had stopped: nothing left to train)")
-        if self.handle_signals and threading.current_thread() is threading.main_thread():
-            for sig in (signal.SIGTERM, signal.SIGINT):
-                self._old_handlers[sig] = signal.signal(sig, self._on_signal)
+        if self.handle_signals: self._catch_signals()
 
     def before_epoch(self):
         t = self.trainer
         self._in_epoch, self._epoch_ended = t.state.epoch, False
         if self._resume_rng is not None: self._epoch_rng, self._resume_rng = self._resume_rng, None
-        else: self._epoch_rng = rng_state(t._train_dataloader(t.train_dl))
+        else: self._epoch_rng = rng_state(t.train_loader)
 
     def after_step(self):
         s = self.trainer.state
@@ -542,140 +698,13 @@ class Checkpoint(Hook):
 
     def after_fit(self):
         t = self.trainer
-        for sig, h in self._old_handlers.items(): signal.signal(sig, h)
-        self._old_handlers, self._fit_start, self._resume_rng, self._resumed_from = {}, None, None, None
+        self._release_signals()
+        self._fit_start, self._resume_rng, self._resumed_from = None, None, None
         self._stopped, self._in_epoch = None, None
         self._close()
         if self.load_best_at_end and self.best is not None and not (
                 t.cancelled is not None and not isinstance(t.cancelled, CancelFit)):
             load_weights(t, self.best)
-
-    def _end_epoch(self, stopped: str | None = None):
-        "Track the best; save the epoch's end (when `at_epoch_end`, when it is the best, or when the fit stops here)."
-        t, s = self.trainer, self.trainer.state
-        res = t.epoch_results
-        if self.monitor and self.monitor not in res and not self._warned:
-            self._warned = True
-            warnings.warn(f"Checkpoint monitors {self.monitor!r}, which is not among this epoch's results {list(res)}: "
-                          "no checkpoint is marked best" + (" and load_best_at_end loads nothing" if self.load_best_at_end
-                                                            else "") + " (pass monitor= one of them, or monitor=None)")
-        v = res.get(self.monitor) if self.monitor else None
-        better = isinstance(v, (int, float)) and not math.isnan(v) and (
-            self.best_value is None or (v < self.best_value if self.mode == 'min' else v > self.best_value))
-        if self.at_epoch_end or better or stopped:
-            if better: self.best_value, self.best_name = float(v), f'step-{s.step:08d}'
-            self.save(position=(s.epoch + 1, 0), stopped=stopped)
-            if better and t.is_main_process: self._write_best()
-
-    # ---- config ----
-    def _write_config(self):
-        "Write `config.json`; on a resume, first print how it differs from the resumed run's and warn."
-        s = self.trainer.state
-        new = run_config(self.trainer, s.epochs - self._fit_start, self.config)
-        old_file = None if self._resumed_from is None else self._resumed_from.parent / 'config.json'
-        if old_file is not None and old_file.is_file():
-            try: old = json.loads(old_file.read_text())
-            except ValueError: old = None   # unreadable: replaced below
-            diff = config_diff(old, new) if isinstance(old, dict) else []
-            if diff:
-                print(f"Resuming {self._resumed_from.name} with a config that differs from {old_file}:",
-                      *(f"  {l}" for l in diff), sep='\n', flush=True)
-                keys = [l.split(': ', 1)[0] for l in diff]
-                n = f"{len(keys)} difference{'s' * (len(keys) > 1)}"
-                warnings.warn(f"Resuming with a changed config ({n}: {', '.join(keys)}); "
-                              f"{self.dir / 'config.json'} now holds the new one")
-        _write_config(self.dir, new)
-
-    # ---- saving ----
-    def save(self, position=None, stopped: str | None = None) -> Path:
-        "Save a checkpoint now (every process must call this, at a step boundary); returns its path. A step saved already in this fit is not saved again."
-        t, s = self.trainer, self.trainer.state
-        path = self.dir / f'step-{s.step:08d}'
-        if self._saved_step == s.step: return path
-        save_checkpoint(t, path, position=position, epoch_rng=self._epoch_rng, checksum=self.checksum,
-                        fit_start=self._fit_start, stopped=stopped)
-        self._saved_step, self._last_save = s.step, time.monotonic()
-        self.saved.append(path)
-        if t.is_main_process: self._rotate()
-        return path
-
-    def _write_best(self):
-        tmp = self.dir / '.best.json.tmp'
-        _write_json(tmp, {'name': self.best_name, 'monitor': self.monitor, 'value': self.best_value})
-        os.replace(tmp, self.dir / 'best.json')
-        _fsync(self.dir)
-
-    def _rotate(self):
-        if self.keep_last is None: return
-        cks = [p for p in list_checkpoints(self.dir) if p.name != self.best_name]
-        for p in cks[:-self.keep_last]: _remove(p)
-
-    # ---- signals ----
-    def _on_signal(self, signum, frame):
-        if self._signal is not None:   # a second signal: stop now, as without the hook
-            if signum == signal.SIGINT: raise KeyboardInterrupt
-            raise SystemExit(128 + signum)
-        self._signal = signum
-
-    def _agree(self, due: bool, stop):
-        "The same decision on every process: save if any process is due, stop if any got a signal."
-        import torch.distributed as dist
-        x = torch.tensor([float(due), float(stop or 0)], device=self.trainer.device)
-        dist.all_reduce(x, op=dist.ReduceOp.MAX)
-        due, stop = x.tolist()
-        return bool(due), (int(stop) or None)
-
-    def _stop(self, signum):
-        name = signal.Signals(signum).name
-        if signum == signal.SIGINT: raise KeyboardInterrupt(f"{name}: saved {self.last} and stopped")
-        raise SystemExit(128 + signum)
-
-    # ---- lock ----
-    def _take_lock(self):
-        """Hold `dir/LOCK`: an exclusive `flock` on it, which the system drops when the process ends, however it ends;
-        the file says which process holds it. A lock file nobody holds was left by a process that is gone: taken over."""
-        try: import fcntl
-        except ImportError:   # no flock on this platform
-            warnings.warn(f"File locks are not available here: {self.dir} is not locked against a second run")
-            return
-        lock, me = self.dir / 'LOCK', {'pid': os.getpid(), 'host': socket.gethostname()}
-        while True:
-            fd = os.open(lock, os.O_RDWR | os.O_CREAT, 0o644)
-            try: fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-            except OSError as e:
-                other = _lock_owner(fd, wait=True)
-                os.close(fd)
-                if e.errno not in (errno.EAGAIN, errno.EACCES):
-                    raise RuntimeError(f"Cannot lock {lock} ({e}): pass lock=False if this file system has no locks") from None
-                who = f"process {other.get('pid')} on {other.get('host')}" if other else "another process"
-                raise RuntimeError(f"{self.dir} is in use by {who} (its lock file {lock}): use another directory, "
-                                   "or stop that run first") from None
-            try: same = os.fstat(fd).st_ino == os.stat(lock).st_ino
-            except FileNotFoundError: same = False
-            if same: break
-            os.close(fd)   # its holder removed the file (releasing it) between our open and our lock: again
-        prev = _lock_owner(fd)
-        if prev and (prev.get('pid'), prev.get('host')) != (me['pid'], me['host']):
-            warnings.warn(f"Taking over the lock of {self.dir} left by process {prev.get('pid')}, which is gone")
-        os.ftruncate(fd, 0); os.pwrite(fd, json.dumps(me).encode(), 0); os.fsync(fd)
-        self._lock_fd = fd
-
-    def _release_lock(self):
-        fd, self._lock_fd = self._lock_fd, None
-        if fd is None: return
-        try: (self.dir / 'LOCK').unlink()   # before unlocking: a process that opened the file meanwhile sees it gone
-        except FileNotFoundError: pass
-        os.close(fd)
-
-def _lock_owner(fd: int, wait: bool = False) -> dict:
-    "Who the lock file open as `fd` says holds it ({} if it says nothing; `wait`: give its holder a second to write it)."
-    for _ in range(20 if wait else 1):
-        try: d = json.loads(os.pread(fd, 4096, 0) or b'null')
-        except ValueError: d = None
-        if isinstance(d, dict): return d
-        if wait: time.sleep(0.05)
-    return {}
-
 
 # %% ../nbs/06_checkpoint.ipynb #0871f29a
 class EarlyStopping(Hook):
@@ -710,23 +739,10 @@ class EarlyStopping(Hook):
                             f"{self.wait} epochs (best {self.best:.6g} at epoch {self.best_epoch})")
 
 # %% ../nbs/06_checkpoint.ipynb #c2ac2e3d
-def _tail_mean(log, start: int) -> float:
-    "Mean of the finite host-side losses of `log` from index `start` on."
-    parts, end = [], log.n
-    for c in reversed(log.chunks):
-        if end <= start: break
-        parts.append(c[max(start - (end - len(c)), 0):])
-        end -= len(c)
-    if not parts: return math.nan
-    v = torch.cat(parts[::-1]).double()
-    v = v[torch.isfinite(v)]
-    return v.mean().item() if len(v) else math.nan
-
-def _plain(v):
-    if isinstance(v, torch.Tensor): v = v.detach().cpu()
-    if isinstance(v, (torch.Tensor, np.ndarray, np.generic)): v = v.item() if v.ndim == 0 else v.tolist()
-    if isinstance(v, float) and not math.isfinite(v): return None
-    return v
+def _json_value(v):
+    "A value for a JSON line: numbers and lists as `_plain` makes them, a non-finite float as null."
+    v = _plain(v)
+    return None if isinstance(v, float) and not math.isfinite(v) else v
 
 _COUNTERS = ('kind', 'step', 'epoch', 'iteration', 'samples', 'time')
 
@@ -755,7 +771,7 @@ class MetricsLog(MainProcessHook):
             with open(self.path, 'r+b') as f: f.truncate(cut)
 
     def _write(self, rec: dict):
-        rec = {k: _plain(v) for k, v in rec.items()}
+        rec = {k: _json_value(v) for k, v in rec.items()}
         self._f.write(json.dumps(rec) + '\n')
         self._f.flush()
         acc = self.trainer.accelerator
@@ -781,7 +797,7 @@ class MetricsLog(MainProcessHook):
         t = self.trainer
         t.flush_losses()
         self._write({'kind': 'train', 'step': s.step, 'epoch': s.epoch, 'iteration': s.iteration, 'samples': s.samples,
-                     'loss': _tail_mean(t.losses, self._lo), 'lr': t.opt.param_groups[0]['lr'],
+                     'loss': t.losses.mean(self._lo), 'lr': t.opt.param_groups[0]['lr'],
                      'time': time.time() - self._t0})
         self._lo = len(t.losses)
 

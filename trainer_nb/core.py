@@ -4,18 +4,21 @@
 
 # %% ../nbs/00_core.ipynb #b5c8a14b
 from __future__ import annotations
-import difflib, math, time, warnings
+import base64, contextlib, copy, difflib, itertools, math, random, time, warnings
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, asdict
 
 # %% auto #0
-__all__ = ['EVENTS', 'CancelStep', 'CancelEpoch', 'CancelFit', 'Hook', 'MainProcessHook', 'StepState', 'LossLog', 'patch_to',
-           'Trainer', 'PrintMetrics']
+__all__ = ['EVENTS', 'CancelStep', 'CancelEpoch', 'CancelFit', 'Hook', 'MainProcessHook', 'StepState', 'LossLog', 'rng_state',
+           'set_rng_state', 'Trainer', 'PrintMetrics']
 
 # %% ../nbs/00_core.ipynb #543cf893
+import numpy as np
 import torch
-from accelerate import Accelerator
+from torch.utils.data import IterableDataset
+from accelerate import Accelerator, skip_first_batches
 from accelerate.utils import DistributedType, concatenate, find_batch_size
+from .schedule import one_cycle, cosine, constant
 
 # %% ../nbs/00_core.ipynb #550d9ae6
 EVENTS = ('before_fit', 'before_epoch', 'before_step', 'after_pred', 'after_loss', 'after_backward',
@@ -87,42 +90,120 @@ class StepState:
     def load_state_dict(self, d: dict):
         for k, v in d.items(): setattr(self, k, v)
 
+# %% ../nbs/00_core.ipynb #83ac1cff
+def _stack(ts: list) -> torch.Tensor:
+    "Losses as one float32 CPU tensor (one transfer); `None` (a batch with no loss) becomes NaN."
+    if any(t is None for t in ts):
+        ref = next((t for t in ts if t is not None), None)
+        if ref is None: return torch.full((len(ts),), math.nan)
+        nan = torch.full((), math.nan, dtype=ref.dtype, device=ref.device)
+        ts = [nan if t is None else t for t in ts]
+    return torch.stack(ts).float().cpu()
+
+class _LossReading:
+    "How other modules read a `LossLog` (see its methods below)."
+    def slice(self, start: int, stop: int | None = None) -> torch.Tensor:
+        "Losses `start:stop` (by default up to `n_host`) as a float32 CPU tensor; flushes only if the range needs it."
+        stop = self._n if stop is None else stop
+        if stop > self._n: self.flush()
+        parts, end = [], self._n
+        for c in reversed(self._chunks):   # the newest chunks first: a display reads the end of a long log
+            if end <= start: break
+            s = end - len(c)
+            if s < stop: parts.append(c[max(start - s, 0):stop - s])
+            end = s
+        return torch.cat(parts[::-1]) if parts else torch.zeros(0)
+
+    def mean(self, start: int = 0, stop: int | None = None) -> float:
+        "Mean of the finite losses `start:stop` on the host (NaN if there are none)."
+        v = self.slice(start, stop).double()
+        v = v[torch.isfinite(v)]
+        return v.mean().item() if len(v) else math.nan
+
+    def tail(self, start: int, keep: int | None = None) -> torch.Tensor:
+        """Losses from index `start` to the end (only the last `keep`, if given), pending ones included, without
+        flushing the log: one transfer of the pending values read."""
+        total, n = len(self), self._n
+        if keep is not None: start = max(start, total - keep)
+        if start >= total: return torch.zeros(0)
+        parts = [self.slice(start, n)] if start < n else []
+        if total > max(start, n): parts.append(_stack(self._pending[max(0, start - n):]))
+        return torch.cat(parts) if len(parts) > 1 else parts[0]
+
+    @property
+    def nbytes(self) -> int:
+        "Bytes the losses on the host take."
+        return sum(c.numel() * c.element_size() for c in self._chunks)
+
 # %% ../nbs/00_core.ipynb #8881eb3c
-class LossLog:
+class LossLog(_LossReading):
     "Per-batch training losses: detached device tensors, moved to the host in chunks; index = `state.iteration`."
     def __init__(self):
-        self.pending, self.chunks, self.n = [], [], 0
-        self.unchecked = []    # (first iteration, chunk) flushed but not yet checked for non-finite values
-        self.skipped = set()   # iterations cancelled before their loss: NaN in `values`, not an error
+        self._pending, self._chunks, self._n = [], [], 0   # on the device; on the host; how many on the host
+        self._unchecked = []    # (first index, chunk) moved to the host but not checked for non-finite values yet
+        self._skipped = set()   # batches cancelled before their loss: NaN in `values`, not an error
 
-    def append(self, loss: torch.Tensor): self.pending.append(loss.detach())
+    def __len__(self): return self._n + len(self._pending)
+
+    @property
+    def n_host(self) -> int:
+        "How many losses are on the host: the first `n_host`; the others wait on the device."
+        return self._n
+
+    def append(self, loss: torch.Tensor):
+        "Add a batch's loss (detached; it stays on its device until `flush`)."
+        self._pending.append(loss.detach())
+
     def append_skipped(self):
-        "Hold the place of a batch that had no loss (cancelled before it)."
-        self.skipped.add(len(self)); self.pending.append(None)
+        "Hold the place of a batch that had no loss (cancelled before it): NaN, and not an error."
+        self._skipped.add(len(self))
+        self._pending.append(None)
 
     def flush(self) -> torch.Tensor | None:
         "Move pending losses to the host (one transfer); returns them as a float32 CPU tensor."
-        if not self.pending: return None
-        if any(t is None for t in self.pending):
-            ref = next((t for t in self.pending if t is not None), torch.zeros(()))
-            nan = torch.full((), float('nan'), dtype=ref.dtype, device=ref.device)
-            self.pending[:] = [nan if t is None else t for t in self.pending]   # in place: the loop holds it
-        chunk = torch.stack(self.pending).float().cpu()
-        self.pending.clear()
-        self.chunks.append(chunk)
-        self.unchecked.append((self.n, chunk))
-        self.n += len(chunk)
-        if len(self.chunks) > 64: self.chunks = [torch.cat(self.chunks)]
+        if not self._pending: return None
+        chunk = _stack(self._pending)
+        self._pending.clear()   # in place: the loop holds this list
+        self._chunks.append(chunk)
+        self._unchecked.append((self._n, chunk))
+        self._n += len(chunk)
+        if len(self._chunks) > 64: self._chunks = [torch.cat(self._chunks)]
         return chunk
 
     @property
     def values(self) -> torch.Tensor:
         "All losses so far, as one CPU tensor (flushes the pending ones)."
         self.flush()
-        if len(self.chunks) > 1: self.chunks = [torch.cat(self.chunks)]
-        return self.chunks[0] if self.chunks else torch.zeros(0)
+        if len(self._chunks) > 1: self._chunks = [torch.cat(self._chunks)]
+        return self._chunks[0] if self._chunks else torch.zeros(0)
 
-    def __len__(self): return self.n + len(self.pending)
+    def truncate(self, n: int):
+        "Forget the losses from index `n` on (a batch that did not finish); only ones still pending can be forgotten."
+        if n < self._n: raise ValueError(f"Can't cut the loss log back to {n}: its first {self._n} are on the host")
+        del self._pending[n - self._n:]
+        self._skipped = {i for i in self._skipped if i < n}
+
+    def check(self) -> int | None:
+        """Index of the first non-finite loss among those moved to the host since the last `check` (None if all are
+        finite; a batch skipped before its loss does not count). They count as checked afterwards."""
+        unchecked, self._unchecked = self._unchecked, []
+        for first, chunk in unchecked:
+            finite = torch.isfinite(chunk)
+            if finite.all(): continue
+            bad = [first + i for i in (~finite).nonzero().flatten().tolist() if first + i not in self._skipped]
+            if bad: return bad[0]
+        return None
+
+    def state_dict(self) -> dict:
+        "`{'values': every loss (a CPU tensor), 'skipped': the batches that had none}`; flushes the pending ones."
+        return {'values': self.values, 'skipped': sorted(self._skipped)}
+
+    def load_state_dict(self, d: dict):
+        "Replace the log with what `state_dict` returned."
+        v = d['values'].float().cpu()
+        self._pending.clear()
+        self._chunks, self._n, self._unchecked = ([v] if len(v) else []), len(v), []
+        self._skipped = set(d.get('skipped', ()))
 
 # %% ../nbs/00_core.ipynb #f4a86194
 def _split(batch):
@@ -180,18 +261,734 @@ def _has_len(dl):
     try: return len(dl)
     except TypeError: return None
 
-# %% ../nbs/00_core.ipynb #b65fb660
-def patch_to(cls):
-    "Decorator: add the decorated function to `cls` as a method of the same name."
-    def _add(f):
-        setattr(cls, f.__name__, f)
-        return f
-    return _add
+# %% ../nbs/00_core.ipynb #cc2f9362
+def _b64(t: torch.Tensor) -> str: return base64.b64encode(t.cpu().numpy().tobytes()).decode()
+def _unb64(s: str) -> torch.Tensor: return torch.frombuffer(bytearray(base64.b64decode(s)), dtype=torch.uint8)
+
+def _loader_generators(dl) -> list:
+    "The `torch.Generator`s a data loader draws its order from (its own, its sampler's, Accelerate's synchronised one)."
+    cands = [getattr(dl, 'generator', None), getattr(getattr(dl, 'sampler', None), 'generator', None),
+             getattr(getattr(getattr(dl, 'batch_sampler', None), 'sampler', None), 'generator', None),
+             getattr(dl, 'synchronized_generator', None)]
+    out = []
+    for g in cands:
+        if isinstance(g, torch.Generator) and all(g is not o for o in out): out.append(g)
+    return out
+
+def rng_state(dl=None) -> dict:
+    "The states of the global random generators (and of data loader `dl`'s generators), JSON-able."
+    v, mt, gauss = random.getstate()
+    name, keys, pos, has_gauss, cached = np.random.get_state()
+    st = {'python': [v, list(mt), gauss], 'numpy': [name, keys.tolist(), int(pos), int(has_gauss), float(cached)],
+          'torch': _b64(torch.get_rng_state())}
+    if torch.cuda.is_available() and torch.cuda.is_initialized():
+        st['cuda'] = [_b64(s) for s in torch.cuda.get_rng_state_all()]
+    if dl is not None: st['loader'] = [_b64(g.get_state()) for g in _loader_generators(dl)]
+    return st
+
+def set_rng_state(st: dict, dl=None):
+    "Put back the generators saved by `rng_state` (those of data loader `dl` too, when given and saved)."
+    v, mt, gauss = st['python']
+    random.setstate((v, tuple(mt), gauss))
+    name, keys, pos, has_gauss, cached = st['numpy']
+    np.random.set_state((name, np.array(keys, dtype=np.uint32), pos, has_gauss, cached))
+    torch.set_rng_state(_unb64(st['torch']))
+    if 'cuda' in st and torch.cuda.is_available(): torch.cuda.set_rng_state_all([_unb64(s) for s in st['cuda']])
+    if dl is not None and st.get('loader'):
+        gens = _loader_generators(dl)
+        if len(gens) != len(st['loader']):
+            warnings.warn(f"The data loader has {len(gens)} generators, the saved state {len(st['loader'])}: "
+                          "the data order may differ from the saved run's")
+        for g, s in zip(gens, st['loader']): g.set_state(_unb64(s))
+
+# %% ../nbs/00_core.ipynb #54a5f290
+def _hook_methods(hooks, event) -> list:
+    return [h for h in hooks if callable(getattr(h, event, None))]
+
+class _Hooks:
+    "The hooks of a `Trainer`: adding, removing, finding and describing them."
+    def add_hooks(self, *hooks):
+        "Add hooks (instances, or classes to instantiate); they run sorted by `order`, ties in the order added."
+        if self.fitting: raise RuntimeError("Can't add hooks while fit is running")
+        for h in hooks:
+            if isinstance(h, type): h = h()
+            if not isinstance(getattr(h, 'order', None), (int, float)) or not hasattr(h, 'main_process_only'):
+                raise TypeError(f"hooks must be Hook instances (subclass trainer_nb.core.Hook), got {type(h).__name__}")
+            h.trainer = self
+            self.hooks.append(h)
+        self.hooks.sort(key=lambda h: h.order)   # stable: ties keep insertion order
+        return self
+
+    def remove_hooks(self, *hooks):
+        "Remove hooks, given as instances or classes (every hook of that class)."
+        if self.fitting: raise RuntimeError("Can't remove hooks while fit is running")
+        for h in hooks:
+            gone = [x for x in self.hooks if (isinstance(x, h) if isinstance(h, type) else x is h)]
+            if not gone: raise ValueError(f"{h!r} is not among this trainer's hooks")
+            for x in gone:
+                self.hooks.remove(x)
+                x.trainer = None
+        return self
+
+    def get_hook(self, cls):
+        "The one hook of class `cls` (or a subclass); an error if there is none or several."
+        found = [h for h in self.hooks if isinstance(h, cls)]
+        if len(found) != 1:
+            raise LookupError(f"{'No' if not found else len(found)} hooks of type {cls.__name__} "
+                              f"(hooks: {[h.name for h in self.hooks]})")
+        return found[0]
+
+    def hook_keys(self) -> list[tuple[str, Hook]]:
+        "`(key, hook)` per hook: its class name, numbered `Name#2`... when a class appears again (keys of `state_dict`)."
+        seen, out = {}, []
+        for h in self.hooks:
+            n = seen[h.name] = seen.get(h.name, 0) + 1
+            out.append((h.name if n == 1 else f'{h.name}#{n}', h))
+        return out
+
+    def describe_hooks(self):
+        "A table, one row per event, of the hooks that run there in order; unknown `before_*/after_*` methods are flagged."
+        import pandas as pd
+        main = self.is_main_process
+        def cell(hs):
+            return ', '.join(f"{h.name} ({h.order})" + ('' if main or not h.main_process_only else ' [main process only]')
+                             for h in hs) or '-'
+        rows = [(e, cell(_hook_methods(self.hooks, e))) for e in EVENTS]
+        unknown = {}
+        for h in self.hooks:
+            for n in _unknown_events(h): unknown.setdefault(n, []).append(h)
+        rows += [(f"{n} (not an event!)", cell(hs)) for n, hs in unknown.items()]
+        return pd.DataFrame(rows, columns=['event', 'hooks (order)']).set_index('event')
+
+# %% ../nbs/00_core.ipynb #270601cc
+def _hook_error(e: BaseException, hook: str, event: str) -> BaseException:
+    "What to raise for `e`, raised by `hook` at `event`: named in a note, and a control exception out of place as an error."
+    if isinstance(e, _CONTROL) and not isinstance(e, _ALLOWED[event]): e = _misplaced(e, hook, event)
+    _annotate(e, f"raised by hook {hook} at event {event!r}")
+    return e
+
+def _bind_events(t) -> dict:
+    "`{event: ((hook name, bound method), ...)}` for this fit, with a warning for each method that matches no event."
+    main = t.accelerator.is_main_process
+    ev = {e: tuple((h.name, getattr(h, e)) for h in _hook_methods(t.hooks, e) if main or not h.main_process_only)
+          for e in EVENTS}
+    for h in t.hooks:
+        for n in _unknown_events(h):
+            close = difflib.get_close_matches(n, EVENTS, n=1)
+            warnings.warn(f"Hook {h.name} has a method {n!r} that matches no event and will never run"
+                          + (f"; did you mean {close[0]!r}?" if close else f"; events are {EVENTS}"), stacklevel=4)
+    return ev
+
+def _call(t, event):
+    "Run one event's hooks, naming the hook and the event in any error they raise."
+    for name, f in t._ev[event]:
+        try: f()
+        except BaseException as e:
+            err = _hook_error(e, name, event)
+            if err is e: raise
+            raise err from e
+
+def _call_all(t, event):
+    "Run every hook of a cleanup event even if some raise; then raise the first error (the others named in its notes)."
+    first = None
+    for name, f in t._ev[event]:
+        try: f()
+        except BaseException as e:
+            err = _hook_error(e, name, event)
+            if first is None: first = err
+            else: _annotate(first, f"hook {name} at event {event!r} then raised {type(err).__name__}: {err}")
+    if first is not None: raise first
+
+# %% ../nbs/00_core.ipynb #93e5e7db
+def _forward_fn(t):
+    "This fit's `forward(batch) -> loss` (hooks may replace `trainer.batch`, `.preds` and `.loss` at their events)."
+    call, model, train_step, loss_func = _call, t.model, t.train_step, t.loss_func
+    before_step, after_pred = t._ev['before_step'], t._ev['after_pred']
+
+    def forward(batch):
+        if before_step:
+            call(t, 'before_step')
+            batch = t.batch
+        if train_step is not None:
+            out = t.out = _check_out(train_step(batch, t))
+            if 'loss' not in out: raise ValueError("train_step's dict has no 'loss': return {'loss': loss, ...}")
+            t.preds = out.get('preds')
+            if after_pred: call(t, 'after_pred')
+            return _check_loss(out['loss'], "train_step's 'loss'")
+        if loss_func is not None:
+            xs, y = _split(batch)
+            preds = t.preds = model(*xs)
+            if after_pred:
+                call(t, 'after_pred')
+                preds = t.preds
+            return _check_loss(loss_func(preds, y), "loss_func's result")
+        if not isinstance(batch, Mapping):
+            raise TypeError(f"With no loss_func or train_step, batches must be dicts, passed as model(**batch) to a model "
+                            f"that returns its loss; got a {type(batch).__name__}: pass loss_func= (for (x, y) batches) "
+                            "or train_step=")
+        t.preds = t.out = model(**batch)
+        if after_pred: call(t, 'after_pred')
+        return _check_loss(_loss_of(t.out))
+    return forward
+
+def _rows_everywhere(acc, bs: int) -> int:
+    """Samples in this batch over all processes: `bs` on each, except in the last batch of a dataset that doesn't
+    divide evenly, which Accelerate pads with copies: there only the `remainder` real ones."""
+    gs = acc.gradient_state
+    if gs.end_of_dataloader and gs.remainder > 0: return gs.remainder
+    return bs * acc.num_processes
+
+# %% ../nbs/00_core.ipynb #bb3e8a12
+def _batch_fn(t):
+    "This fit's `train_batch(batch)`: forward, loss, backward and (when due) the optimizer step of one batch."
+    s, acc, model, call, forward, losses = t.state, t.accelerator, t.model, _call, _forward_fn(t), t.losses
+    after_loss, after_backward, after_step = (t._ev[e] for e in ('after_loss', 'after_backward', 'after_step'))
+    pending, sync_every, n_procs, every_batch = losses._pending, t.sync_every, acc.num_processes, t.grad_accum == 1
+    plain = acc.scaler is None and acc.distributed_type in (DistributedType.NO, DistributedType.MULTI_CPU,
+                                                              DistributedType.MULTI_GPU)
+    opt = t.opt.optimizer if plain else t.opt   # Accelerate's wrapper adds nothing here: call the optimizer itself
+    opt_step, zero_grad, drop_grad, scaler = opt.step, opt.zero_grad, t.opt.optimizer.zero_grad, acc.scaler
+    backward = torch.Tensor.backward if plain and every_batch else acc.backward
+    skip_nan, accumulate = t.nan_policy == 'skip', None if every_batch else acc.accumulate
+    rows = _batch_size if n_procs == 1 else lambda batch: _rows_everywhere(acc, _batch_size(batch))
+
+    def step(batch):
+        loss = t.loss = forward(batch)
+        if after_loss:
+            call(t, 'after_loss')
+            loss = t.loss
+        d = loss.detach()
+        pending.append(d)
+        if skip_nan:
+            bad = ~torch.isfinite(d)
+            if n_procs > 1: bad = acc.reduce(bad.float(), 'sum') > 0   # all skip together: see "Several processes"
+            if bad:
+                v = d.item()
+                warnings.warn(f"Skipped batch {s.batch} of epoch {s.epoch} (iteration {s.iteration}): " + (
+                    f"non-finite loss {v}" if not math.isfinite(v) else "non-finite loss on another process"))
+                raise CancelStep()
+        backward(loss)
+        t._backward_done = True
+        if after_backward: call(t, 'after_backward')
+        if every_batch or acc.sync_gradients:
+            if t.max_grad_norm is not None: acc.clip_grad_norm_(model.parameters(), t.max_grad_norm)
+            opt_step()
+            if scaler is None or not t.opt.step_was_skipped:
+                s.step += 1
+                s.opt_stepped = True
+                if t.scheduler is not None: t.scheduler.step()
+            zero_grad(set_to_none=True)
+
+    def train_batch(batch):
+        t.batch = batch
+        s.opt_stepped = t._backward_done = False
+        try:
+            if every_batch: step(batch)
+            else:
+                with accumulate(model): step(batch)
+        except CancelStep:
+            # drop the group's gradients when this batch's are mixed in, or when the group ends here with no step
+            if every_batch or t._backward_done or acc.sync_gradients: drop_grad(set_to_none=True)
+            if len(losses) == s.iteration: losses.append_skipped()
+        s.samples += rows(batch)
+        s.iteration += 1
+        if len(pending) >= sync_every: t.flush_losses()
+        try:
+            if after_step: call(t, 'after_step')
+        except CancelStep: pass   # the batch is done: only the remaining after_step hooks are skipped
+        finally: t.loss = t.preds = t.out = None   # don't keep the graph alive between batches
+    return train_batch
+
+# %% ../nbs/00_core.ipynb #51af11d2
+_END = object()
+
+class _Epoch:
+    "An epoch of `fit`: the loader it iterates, the losses' trip to the host, and where a resumed epoch starts."
+    @property
+    def train_loader(self):
+        "The data loader `fit` iterates: `train_dl`, prepared by Accelerate unless that would only copy CPU tensors to the CPU."
+        dl, acc = self.train_dl, self.accelerator
+        if dl is None or (acc.num_processes == 1 and self.grad_accum == 1 and acc.device.type == 'cpu'): return dl
+        return self._prepare_dl(dl)
+
+    @property
+    def steps_per_epoch(self) -> int:
+        "Optimizer steps in an epoch of the current (or last) fit (a last, shorter accumulation group steps too); 0: unknown."
+        return math.ceil(self.state.n_batches / self.grad_accum)
+
+    def _prepare_dl(self, dl):
+        key = id(dl)
+        if key not in self._prepared or self._prepared[key][0] is not dl:
+            self._prepared[key] = (dl, self.accelerator.prepare(dl))
+        return self._prepared[key][1]
+
+    def flush_losses(self):
+        """Move pending losses to the host (one transfer) and check every loss moved since the last check: with
+        `nan_policy='raise'` a non-finite one raises, naming its epoch, batch and iteration. Hooks that need the losses call this."""
+        self.losses.flush()
+        bad = self.losses.check()
+        if bad is None or self.nan_policy == 'skip': return
+        s = self.state   # (the losses not checked yet are all of the current epoch: it is checked in full at its end)
+        where = f"epoch {s.epoch}, batch {bad - self._epoch_start}" if bad >= self._epoch_start else "an earlier epoch"
+        raise FloatingPointError(
+            f"Non-finite loss ({self.losses.slice(bad, bad + 1).item()}) in {where} (iteration {bad}). Losses are "
+            f"checked when they reach the host (every sync_every={self.sync_every} batches and at the end of each "
+            "epoch): its backward pass ran, and the weights after that step may already be non-finite. Lower the LR, "
+            "set max_grad_norm=, check the data, or pass nan_policy='skip' to skip such batches")
+
+    def resume_epoch(self, batch: int, epoch_rng: dict | None = None, rng: dict | None = None, replay: bool = False):
+        """Make the next epoch of `fit` start after its first `batch` batches, as a resumed run does: its data order
+        drawn with the generators at `epoch_rng` (their `rng_state` when the epoch first started), the batches done
+        skipped by index (`replay=True`: loaded and discarded), then the generators set to `rng`."""
+        if not (isinstance(batch, int) and batch >= 0): raise ValueError(f"batch must be an int >= 0, got {batch!r}")
+        self._resume_at = (batch, epoch_rng, rng, replay)
+
+    def _epoch_iter(self, dl):
+        "`(loader, iterator)` of this epoch: `dl` from its start, or past the batches done (`resume_epoch`)."
+        if self._resume_at is None: return dl, iter(dl)
+        (done, epoch_rng, rng, replay), self._resume_at = self._resume_at, None
+        if epoch_rng is not None: set_rng_state(epoch_rng, dl)   # the epoch's data order, as when it started
+        if replay or isinstance(getattr(dl, 'dataset', None), IterableDataset):
+            if not replay and self.is_main_process:
+                print(f"Resuming inside an epoch of an iterable dataset: reading through its first {done} batches",
+                      flush=True)
+            loader, it, first = dl, iter(dl), ()
+            for _ in range(done):
+                if next(it, _END) is _END: break
+        else:
+            loader = skip_first_batches(dl, done)
+            it = iter(loader)
+            first = tuple(itertools.islice(it, 1))   # the order is drawn at the first batch: with `epoch_rng`
+        self.state.batch = done
+        if rng is not None: set_rng_state(rng, dl)   # the random numbers as they were after the last batch done
+        return loader, itertools.chain(first, it)
+
+# %% ../nbs/00_core.ipynb #2c82e2a3
+def _check_fit(t, epochs):
+    if not (isinstance(epochs, int) and epochs >= 0): raise ValueError(f"epochs must be an int >= 0, got {epochs!r}")
+    if t.train_dl is None: raise ValueError("No train_dl: pass one to the Trainer (or set trainer.train_dl)")
+    if _has_len(t.train_dl) == 0:
+        raise ValueError("train_dl yields no batches (is the dataset empty, or drop_last with too few samples?)")
+    if t.valid_dl is not None and _has_len(t.valid_dl) == 0:
+        raise ValueError("valid_dl yields no batches (is the dataset empty?): pass a non-empty one, or None")
+    if t.fitting: raise RuntimeError("fit is already running")
+
+def _build_scheduler(t, epochs):
+    for g in t.opt.param_groups: g.pop('initial_lr', None)
+    if t.scheduler_func is None:
+        t.scheduler = None
+        return
+    per_epoch = t.steps_per_epoch
+    if per_epoch == 0: raise ValueError("A scheduler needs a train_dl with a length to know the number of steps")
+    t.scheduler = t.scheduler_func(t.opt.optimizer, epochs * per_epoch)
+
+def _where(t) -> str:
+    "Where the loop is, for an error's note."
+    s, phase = t.state, t._phase
+    if phase == 'train': return f"raised in fit at epoch {s.epoch}, batch {s.batch} (iteration {s.iteration})"
+    if phase == 'valid': return f"raised in fit while validating after epoch {s.epoch}"
+    if phase == 'epoch': return f"raised in fit at the end of epoch {s.epoch}"
+    return "raised in fit before its first epoch"
+
+def _cleanup(t):
+    "Leave the model usable: no half-accumulated gradients, the loss log complete, no graph kept."
+    _drop_unfinished(t)
+    try: t.losses.flush()          # keep the losses of the batches that ran
+    except Exception: t.losses.truncate(t.losses.n_host)   # (a broken device must not hide the error)
+    t.losses.check()               # the next fit checks only its own
+    t.loss = t.preds = t.out = t._resume_at = None
+
+def _drop_unfinished(t):
+    "Forget a batch that stopped half-way (its logged loss) and the gradients of an unfinished accumulation group."
+    if len(t.losses) > t.state.iteration: t.losses.truncate(max(t.state.iteration, t.losses.n_host))
+    acc = t.accelerator
+    acc.gradient_state._set_sync_gradients(True)   # (no public setter) the next batch starts a new group
+    acc.step = 0
+    t.opt.optimizer.zero_grad(set_to_none=True)   # mid-group too, unlike Accelerate's wrapper
+
+def _epoch_train_loss(t, first) -> float:
+    "Mean training loss of the epoch's batches (skipped ones left out), averaged over processes."
+    mean = t.losses.mean(first)
+    if t.accelerator.num_processes == 1: return mean
+    return t.accelerator.reduce(torch.tensor(mean, device=t.device), 'mean').item()
+
+# %% ../nbs/00_core.ipynb #ba38ffbd
+class _Fit:
+    "Training: `fit`, its epochs, and the cleanup that always runs."
+    def fit(self, epochs: int, lr: float | None = None,
+            resume=None):   # 'last', 'best' or a checkpoint directory to continue from (see `trainer_nb.checkpoint`)
+        """Train for `epochs` more epochs (at `lr`, if given). With `resume=`, continue an interrupted fit where its
+        checkpoint left it: `epochs` is then the number the interrupted call asked for, not the number left."""
+        _check_fit(self, epochs)
+        self.lr = lr if lr is not None else self.lr   # each fit starts from the base LR
+        dl, s = self.train_loader, self.state
+        s.epochs, s.n_batches = s.epoch + epochs, _has_len(dl) or 0
+        _build_scheduler(self, epochs)
+        self._ev = _bind_events(self)
+        self.accelerator.gradient_accumulation_steps = self.grad_accum   # process-wide in Accelerate: set it per fit
+        if resume is not None: _load(self.resume_func)(self, resume)   # after the scheduler is built: it loads its state
+        self.fitting, self.cancelled, self._phase = True, None, None
+        self.model.train()
+        try:
+            _call(self, 'before_fit')
+            self._batch_fn = _batch_fn(self)   # after before_fit: hooks may have set things up
+            while s.epoch < s.epochs:
+                self._one_epoch(dl)
+                s.epoch += 1
+        except CancelFit as e:
+            self.cancelled = e
+            _call_all(self, 'after_cancel')
+        except BaseException as e:
+            self.cancelled = e
+            if not isinstance(e, (KeyboardInterrupt, SystemExit)): _annotate(e, _where(self))
+            _cleanup(self)
+            _call_all(self, 'after_cancel')
+            raise
+        finally:
+            _cleanup(self)
+            self.fitting, self._phase = False, None
+            _call_all(self, 'after_fit')
+
+    def _one_epoch(self, dl):
+        s, ev = self.state, self._ev
+        s.batch, t0, self._phase = 0, time.perf_counter(), 'train'
+        self.epoch_results, loader = {}, dl
+        self.model.train()
+        self._epoch_start = len(self.losses)
+        try:
+            if ev['before_epoch']: _call(self, 'before_epoch')
+            loader, it = self._epoch_iter(dl)
+            self._epoch_start = len(self.losses) - s.batch
+            train_batch = self._batch_fn
+            for batch in it:
+                train_batch(batch)
+                s.batch += 1
+            if s.batch == 0 and s.n_batches == 0: raise ValueError("train_dl yielded no batches")
+        except CancelEpoch:
+            self._resume_at = None
+            _drop_unfinished(self)
+        finally:   # an Accelerate loader left part-way stays registered as the one iterated: end it
+            if hasattr(loader, 'end'): loader.end()
+        self.flush_losses()
+        self.epoch_results = {'epoch': s.epoch, 'train_loss': _epoch_train_loss(self, self._epoch_start)}
+        if self.valid_dl is not None:
+            self._phase = 'valid'
+            try:
+                if ev['before_valid']: _call(self, 'before_valid')
+                self.epoch_results.update(self.evaluate())
+                if ev['after_valid']: _call(self, 'after_valid')
+            except CancelEpoch: pass   # from before_valid: no validation; from after_valid: its remaining hooks skipped
+        self.epoch_results['time'], self._phase = time.perf_counter() - t0, 'epoch'
+        try:
+            if ev['after_epoch']: _call(self, 'after_epoch')
+        except CancelEpoch: pass       # the remaining after_epoch hooks are skipped
+
+# %% ../nbs/00_core.ipynb #b6682c8d
+def _eval_batch(t, batch) -> dict:
+    "`{'loss', 'preds', 'targets'}` of one batch, with no gradients."
+    if t.eval_step is not None: return _check_out(t.eval_step(batch, t), 'eval_step')
+    if t.loss_func is not None:
+        xs, y = _split(batch)
+        preds = t.model(*xs)
+        return {'loss': t.loss_func(preds, y) if y is not None else None, 'preds': preds, 'targets': y}
+    if t.train_step is not None: return _check_out(t.train_step(batch, t))
+    out = t.model(**batch)
+    loss = out.get('loss') if isinstance(out, Mapping) else getattr(out, 'loss', None)
+    preds = out.get('logits', out) if isinstance(out, Mapping) else getattr(out, 'logits', out)
+    return {'loss': loss, 'preds': preds, 'targets': batch.get('labels')}
+
+def _real_rows(acc, bs: int) -> int:
+    """Rows of this process's batch that are real samples: all of them, except in the last batch of a dataset that
+    doesn't divide evenly, which Accelerate pads (at its end) with samples from the start of the dataset."""
+    rem = acc.gradient_state.remainder
+    if acc.num_processes == 1 or not acc.gradient_state.end_of_dataloader or rem <= 0: return bs
+    return max(0, min(bs, rem - acc.process_index * bs))
+
+def _to_cpu(x, clone: bool = False):
+    "`x` with every tensor in it (dicts, lists, tuples) detached and on the CPU; `clone`: copies, never shared."
+    if isinstance(x, torch.Tensor): return x.detach().to('cpu', copy=clone)
+    if isinstance(x, Mapping): return type(x)({k: _to_cpu(v, clone) for k, v in x.items()})
+    if isinstance(x, (list, tuple)): return type(x)(_to_cpu(v, clone) for v in x)
+    return copy.deepcopy(x) if clone else x
+
+def _plain(v):
+    "A JSON-friendly copy of a value: a number for a scalar tensor or array, a list for others; anything else as it is."
+    if isinstance(v, torch.Tensor): v = v.detach().cpu()
+    if isinstance(v, (torch.Tensor, np.ndarray, np.generic)): return v.item() if v.ndim == 0 else v.tolist()
+    return v
+
+# %% ../nbs/00_core.ipynb #7cbf914a
+def _run_eval(t, dl, keep_preds: bool):
+    "Mean loss, sample count and (optionally) gathered preds/targets over `dl`."
+    if dl is None: raise ValueError("No dataloader to evaluate on: pass one, or give the Trainer a valid_dl")
+    if _has_len(dl) == 0: raise ValueError("The evaluation dataloader yields no batches (is the dataset empty?)")
+    acc, pdl = t.accelerator, t._prepare_dl(dl)
+    was_training = t.model.training
+    t.model.eval()
+    # per process: sum of per-sample losses and count of real samples; reduced once at the end
+    totals, has_loss, preds, targets = torch.zeros(2, device=acc.device, dtype=torch.float64), True, [], []
+    try:
+        with torch.no_grad(), acc.autocast():
+            for batch in pdl:
+                out = _eval_batch(t, batch)
+                bs = find_batch_size(batch)
+                real = _real_rows(acc, bs)
+                loss = out.get('loss')
+                if loss is None: has_loss = False
+                else:
+                    if real < bs and t.eval_step is None and t.loss_func is not None and out['targets'] is not None:
+                        # recompute the loss on the real rows only: padded duplicates must not count
+                        loss = t.loss_func(out['preds'][:real], out['targets'][:real]) if real else torch.zeros(())
+                    totals[0] += _check_loss(loss.detach(), "the evaluation loss").double() * real
+                totals[1] += real
+                if keep_preds:
+                    preds.append(_to_cpu(acc.gather_for_metrics(out.get('preds'))))
+                    if out.get('targets') is not None: targets.append(_to_cpu(acc.gather_for_metrics(out['targets'])))
+    finally:
+        t.model.train(was_training)
+        if hasattr(pdl, 'end'): pdl.end()   # left part-way by an error: no longer the loader Accelerate tracks
+    if acc.num_processes > 1: totals = acc.reduce(totals, 'sum')
+    loss_sum, n = totals.tolist()
+    if n == 0: raise ValueError("The evaluation dataloader yielded no samples")
+    t.eval_samples = int(n)
+    cat = lambda xs: concatenate(xs) if xs else None
+    return (loss_sum / n if has_loss else None), cat(preds), cat(targets)
+
+class _Eval:
+    "Evaluation and prediction: no events, gathered from every process."
+    def evaluate(self, dl=None) -> dict:
+        "`{'valid_loss': ..., <metric>: ...}` over `dl` (default: `valid_dl`), gathered from all processes."
+        loss, preds, targets = _run_eval(self, dl if dl is not None else self.valid_dl, keep_preds=bool(self.metrics))
+        res = {'valid_loss': loss}
+        for m in self.metrics:
+            name = _name_of(m)
+            if targets is None: raise ValueError(f"Metric {name!r} needs targets, but the evaluation batches have none")
+            try: v = m(preds, targets)
+            except Exception as e:
+                _annotate(e, f"raised by metric {name!r} (called as {name}(preds, targets) with preds of shape "
+                             f"{tuple(getattr(preds, 'shape', ()))} and targets of shape "
+                             f"{tuple(getattr(targets, 'shape', ()))})")
+                raise
+            res[name] = v.item() if isinstance(v, torch.Tensor) and v.numel() == 1 else v
+        self.valid_results = res
+        return res
+
+    def predict(self, dl):
+        "`(preds, targets)` over `dl`, gathered from all processes, on the CPU (`targets` is None for unlabelled batches)."
+        _, preds, targets = _run_eval(self, dl, keep_preds=True)
+        return preds, targets
+
+# %% ../nbs/00_core.ipynb #3745bf6b
+_LOADER_COUNTERS = ('iteration', 'epoch', 'end_of_dataloader', 'remainder')
+
+def _loader_counters(dl) -> list:
+    "`(part, {counter: value})` for a data loader and each sampler or loader it wraps: what iterating it changes."
+    out, todo = [], [dl]
+    while todo:
+        o = todo.pop()
+        if o is None or isinstance(o, (int, float, str)) or any(o is p for p, _ in out): continue
+        d = getattr(o, '__dict__', {})
+        out.append((o, {a: d[a] for a in _LOADER_COUNTERS if a in d}))
+        todo += [d[a] for a in ('base_dataloader', 'sampler', 'batch_sampler') if a in d]
+    return out
+
+class _Rewind:
+    "Everything a fit can change in trainer `t`, as it is now; `restore()` puts it back exactly."
+    results = ('scheduler', 'epoch_results', 'valid_results', 'cancelled', 'eval_samples')
+
+    def __init__(self, t, hooks: bool):
+        self.t, self.loader = t, t.train_loader
+        model, scaler = t.model, t.accelerator.scaler
+        self.tensors = [(p, p.detach().to('cpu', copy=True), None if p.grad is None else p.grad.detach().to('cpu', copy=True))
+                        for p in itertools.chain(model.parameters(), model.buffers())]
+        self.training = [(m, m.training) for m in model.modules()]
+        self.opt = _to_cpu(t.opt.state_dict(), clone=True)
+        self.scaler = None if scaler is None else copy.deepcopy(scaler.state_dict())
+        self.rng, self.counters = rng_state(self.loader), _loader_counters(self.loader)
+        self.own = copy.deepcopy(t.state_dict(hooks=hooks))
+        self.attrs = {k: getattr(t, k) for k in self.results}
+
+    def restore(self):
+        t = self.t
+        with torch.no_grad():
+            for p, v, g in self.tensors:
+                p.copy_(v)
+                if g is None: p.grad = None
+                elif p.grad is None: p.grad = g.to(p.device)
+                else: p.grad.copy_(g)
+        for m, training in self.training: m.training = training
+        t.opt.load_state_dict(self.opt)
+        if self.scaler is not None: t.accelerator.scaler.load_state_dict(self.scaler)
+        for k, v in self.attrs.items(): setattr(t, k, v)
+        t.load_state_dict(self.own)
+        set_rng_state(self.rng, self.loader)
+        for o, counters in self.counters:
+            for k, v in counters.items(): setattr(o, k, v)
+
+# %% ../nbs/00_core.ipynb #1ac5e73f
+class _State:
+    "The trainer's state: its base LR, saving and loading it, and changing it for the length of a block."
+    @property
+    def lr(self) -> float:
+        "The base learning rate (the first parameter group's; the others keep their ratio to it)."
+        return self._base_lrs[0]
+
+    @lr.setter
+    def lr(self, lr: float):
+        if not (isinstance(lr, (int, float)) and lr > 0): raise ValueError(f"lr must be a positive number, got {lr!r}")
+        scale = lr / self._base_lrs[0]
+        self._base_lrs = [b * scale for b in self._base_lrs]
+        for g, b in zip(self.opt.param_groups, self._base_lrs): g['lr'] = b
+
+    def state_dict(self, hooks: bool = True) -> dict:
+        """Counters (`state`), base LRs, the scheduler's state, the accumulation position, the loss log (`losses`,
+        tensors) and, with `hooks`, each hook's `state_dict()` by `hook_keys()`. Not the model, optimizer, grad scaler
+        or random generators: Accelerate's `save_state` and `rng_state` hold those."""
+        hook_states = {k: h.state_dict() for k, h in self.hook_keys()} if hooks else None
+        return {'state': self.state.state_dict(), 'base_lrs': list(self._base_lrs),
+                'scheduler': None if self.scheduler is None else self.scheduler.state_dict(),
+                'accum_step': int(self.accelerator.step), 'grad_accum': self.grad_accum,
+                'losses': self.losses.state_dict(), 'hooks': hook_states}
+
+    def load_state_dict(self, sd: dict):
+        "Put back a `state_dict()` (hooks that run on the main process only load theirs there only)."
+        if (self.scheduler is None) != (sd['scheduler'] is None):
+            raise ValueError("The state was saved " + ("with" if sd['scheduler'] is not None else "without") +
+                             " a scheduler, and this trainer has " + ("one" if self.scheduler is not None else "none"))
+        self.state.load_state_dict({k: v for k, v in sd['state'].items() if hasattr(self.state, k)})
+        self._base_lrs = list(sd['base_lrs'])
+        if self.scheduler is not None: self.scheduler.load_state_dict(sd['scheduler'])
+        self.accelerator.step = sd['accum_step']
+        if sd.get('losses') is not None: self.losses.load_state_dict(sd['losses'])
+        if sd.get('hooks') is None: return
+        main = self.is_main_process
+        for k, h in self.hook_keys():
+            if h.main_process_only and not main: continue
+            if k in sd['hooks']: h.load_state_dict(sd['hooks'][k])
+            elif h.state_dict(): warnings.warn(f"The saved state holds nothing for hook {k}: it starts afresh")
+
+    @contextlib.contextmanager
+    def temporary(self, hooks=None, rewind: bool = False, **attrs):
+        """For the block: `hooks` in place of the trainer's own (if given) and each attribute of `attrs` set; all put
+        back afterwards, however the block ends. `rewind`: also undo what a fit in the block changed (see above)."""
+        if self.fitting: raise RuntimeError("Can't change the trainer while fit is running")
+        unknown = [k for k in attrs if not hasattr(self, k)]
+        if unknown: raise AttributeError(f"Trainer has no attribute {', '.join(map(repr, unknown))} to set")
+        snap = _Rewind(self, hooks=hooks is None) if rewind else None
+        old, old_hooks = {k: getattr(self, k) for k in attrs}, self.hooks
+        try:
+            for k, v in attrs.items(): setattr(self, k, v)
+            if hooks is not None:
+                self.hooks = []
+                self.add_hooks(*hooks)
+            yield self
+        finally:
+            if hooks is not None:
+                for h in self.hooks: h.trainer = None
+                self.hooks = old_hooks
+            for k, v in old.items(): setattr(self, k, v)
+            if snap is not None: snap.restore()
+
+# %% ../nbs/00_core.ipynb #a85860f9
+class _Shortcuts:
+    "Fitting with a schedule, finding a learning rate, the history: thin methods over the modules that hold them."
+    def fit_one_cycle(self, epochs: int, lr_max: float | None = None, pct_start: float = 0.25, div: float = 25.,
+                      div_final: float = 1e5, moms: tuple | None = (0.95, 0.85), resume=None, **kw):
+        "Fit `epochs` epochs with a one-cycle schedule peaking at `lr_max` (default: the trainer's `lr`); see `one_cycle`."
+        self._fit_scheduled(epochs, lr_max, one_cycle(None, pct_start, div, div_final, moms, **kw), resume)
+
+    def fit_cosine(self, epochs: int, lr: float | None = None, warmup_pct: float = 0.05, warmup_steps: int | None = None,
+                   lr_min: float = 0., div: float = 25., resume=None):
+        "Fit `epochs` epochs with a linear warmup to `lr` then cosine annealing to `lr_min`; see `cosine`."
+        self._fit_scheduled(epochs, lr, cosine(lr_min, warmup_pct, warmup_steps, div), resume)
+
+    def fit_constant(self, epochs: int, lr: float | None = None, warmup_pct: float = 0.,
+                     warmup_steps: int | None = None, div: float = 25., resume=None):
+        "Fit `epochs` epochs at a constant `lr` (after an optional warmup), whatever `scheduler_func` the trainer has."
+        warm = warmup_steps if warmup_steps is not None else warmup_pct
+        self._fit_scheduled(epochs, lr, constant(warmup_pct, warmup_steps, div) if warm else None, resume)
+
+    def _fit_scheduled(self, epochs, lr, factory, resume):
+        "`fit` with `factory` as the scheduler for this call only; momentum and LR are put back afterwards."
+        groups = self.opt.param_groups
+        moms = [{k: g[k] for k in ('momentum', 'betas') if k in g} for g in groups]
+        try:
+            with self.temporary(scheduler_func=factory): self.fit(epochs, lr=lr, resume=resume)
+        finally:
+            for g, m in zip(groups, moms): g.update(m)
+            self.lr = self.lr   # every group back to its base LR
+
+    def lr_find(self, start_lr: float = 1e-7, end_lr: float = 10, num_it: int = 100, beta: float = 0.98,
+                div: float = 4., show: bool = True, suggest_funcs=None):
+        """Sweep the LR exponentially from `start_lr` to `end_lr` over `num_it` optimizer steps, put everything back,
+        and suggest LRs: an `LRFindResult` (see `trainer_nb.lr_find`; in a notebook, an interactive plot)."""
+        from trainer_nb.lr_find import lr_find
+        return lr_find(self, start_lr=start_lr, end_lr=end_lr, num_it=num_it, beta=beta, div=div, show=show,
+                       suggest_funcs=suggest_funcs)
+
+    @property
+    def history(self):
+        "One row per epoch (a `pandas.DataFrame`), kept by the `Recorder` hook (a default hook)."
+        keepers = [h for h in self.hooks if hasattr(type(h), 'history')]   # the Recorder (or a hook that does its job)
+        if len(keepers) != 1:
+            raise LookupError(f"trainer.history is kept by a Recorder hook: this trainer has {len(keepers)} (hooks: "
+                              f"{[h.name for h in self.hooks]}); add one trainer_nb.recorder.Recorder")
+        return keepers[0].history
+
+# %% ../nbs/00_core.ipynb #e02b3e27
+def _check_args(model, mixed_precision, grad_accum, nan_policy, lr, metrics):
+    "Refuse arguments the trainer can't work with, saying what it needs."
+    if not isinstance(model, torch.nn.Module): raise TypeError(f"model must be a torch.nn.Module, got {type(model).__name__}")
+    if mixed_precision not in ('no', 'bf16', 'fp16'):
+        raise ValueError(f"mixed_precision must be 'no', 'bf16' or 'fp16', got {mixed_precision!r}")
+    if not (isinstance(grad_accum, int) and grad_accum >= 1):
+        raise ValueError(f"grad_accum must be an int >= 1, got {grad_accum!r}")
+    if nan_policy not in ('raise', 'skip'): raise ValueError(f"nan_policy must be 'raise' or 'skip', got {nan_policy!r}")
+    if lr is not None and not (isinstance(lr, (int, float)) and lr > 0):
+        raise ValueError(f"lr must be a positive number, got {lr!r}")
+    for m in metrics:
+        if not callable(m): raise TypeError(f"metrics must be callables (preds, targets) -> number, got {m!r}")
+    names = [_name_of(m) for m in metrics]   # the keys of their results
+    for n in names:
+        if names.count(n) > 1:
+            raise ValueError(f"Two metrics are named {n!r}, and results are keyed by name: give each its own "
+                             "(a def, or set f.__name__ = '...' on a lambda or partial)")
+        if n in ('epoch', 'train_loss', 'valid_loss', 'time'):
+            raise ValueError(f"A metric can't be named {n!r}: the trainer reports its own {n!r} under that key")
+
+def _make_optimizer(opt_func, model, lr):
+    "The optimizer: `opt_func(params, lr=)`, or `opt_func` itself when it is an optimizer (its first group's LR > 0)."
+    if not isinstance(opt_func, torch.optim.Optimizer): return opt_func(model.parameters(), lr=1e-3 if lr is None else lr)
+    lr0 = float(opt_func.param_groups[0]['lr'])
+    if not lr0 > 0:
+        raise ValueError(f"The optimizer passed has lr={lr0} in its first parameter group: the trainer sets LRs by "
+                         "scaling every group by its ratio to the first, so that one must be positive (give the "
+                         "optimizer the LR to train at, or pass a factory such as opt_func=torch.optim.AdamW and lr=)")
+    if lr is not None and lr != lr0:
+        warnings.warn(f"lr={lr} ignored: the optimizer passed has its own, lr={lr0} (set it on the optimizer, or "
+                      "pass a factory such as opt_func=torch.optim.AdamW)", stacklevel=3)
+    return opt_func
 
 # %% ../nbs/00_core.ipynb #906a3a6d
-class Trainer:
-    "Trains `model` on `train_dl`, validates on `valid_dl`, calling hooks at each event."
-    default_hooks: list = []   # hook classes (or 'module:Class' names) added unless `default_hooks=False`
+class Trainer(_Hooks, _Epoch, _Fit, _Eval, _State, _Shortcuts):
+    """Trains `model` on `train_dl`, validates on `valid_dl`, calling hooks at each event. `fit(epochs)` runs:
+
+        before_fit
+        for each epoch:
+            before_epoch
+            for each batch: before_step, forward, after_pred, loss, after_loss, backward, after_backward,
+                            the optimizer and scheduler step (when one is due), after_step
+            before_valid, evaluate(), after_valid              (when there is a valid_dl)
+            after_epoch
+        after_cancel      (when the fit stops early: CancelFit, an error or KeyboardInterrupt)
+        after_fit         (always, in `finally`)
+
+    A hook raises `CancelStep` to drop the rest of a batch (no optimizer step on it), `CancelEpoch` to end an epoch's
+    training (validation and after_epoch still run), `CancelFit` to stop (after_cancel and after_fit run, and `fit`
+    returns). Every hook of after_cancel and after_fit runs even if one raises. Default hooks: `default_hooks`."""
+    # the hooks every trainer gets unless `default_hooks=False` (classes, or 'module:Class' names imported when first
+    # needed): the Recorder (losses, LRs, `history`), Progress (a dashboard or a text bar), LivePlot (the curves)
+    default_hooks: list = ['trainer_nb.recorder:Recorder', 'trainer_nb.progress:Progress', 'trainer_nb.liveplot:LivePlot']
     resume_func = 'trainer_nb.checkpoint:resume_fit'   # `resume_func(trainer, resume)` loads a checkpoint for `fit(resume=)`
 
     def __init__(self, model: torch.nn.Module, train_dl=None, valid_dl=None, *,
@@ -210,18 +1007,7 @@ class Trainer:
                  cpu: bool = False,
                  log_with=None, project_dir=None,  # experiment trackers, as Accelerate's `log_with` (e.g. 'tensorboard')
                  accelerator: Accelerator | None = None):  # or your own; it then decides the five arguments above
-        if not isinstance(model, torch.nn.Module):
-            raise TypeError(f"model must be a torch.nn.Module, got {type(model).__name__}")
-        if mixed_precision not in ('no', 'bf16', 'fp16'):
-            raise ValueError(f"mixed_precision must be 'no', 'bf16' or 'fp16', got {mixed_precision!r}")
-        if not (isinstance(grad_accum, int) and grad_accum >= 1):
-            raise ValueError(f"grad_accum must be an int >= 1, got {grad_accum!r}")
-        if nan_policy not in ('raise', 'skip'):
-            raise ValueError(f"nan_policy must be 'raise' or 'skip', got {nan_policy!r}")
-        if loss_func is None and train_step is None:
-            warnings.warn("No loss_func or train_step given: batches must be dicts and the model must return a loss")
-        if lr is not None and not (isinstance(lr, (int, float)) and lr > 0):
-            raise ValueError(f"lr must be a positive number, got {lr!r}")
+        _check_args(model, mixed_precision, grad_accum, nan_policy, lr, metrics)
         if accelerator is not None:
             given = [n for n, v, default in (('mixed_precision', mixed_precision, 'no'), ('grad_accum', grad_accum, 1),
                                              ('cpu', cpu, False), ('log_with', log_with, None),
@@ -235,480 +1021,25 @@ class Trainer:
         if self.accelerator.device.type == 'cpu' and self.accelerator.mixed_precision == 'fp16':
             warnings.warn("mixed_precision='fp16' needs a GPU: on the CPU Accelerate trains in float32 "
                           "(use 'bf16' for mixed precision on the CPU)")
-        self.loss_func, self.train_step, self.eval_step = loss_func, train_step, eval_step
-        self.metrics = list(metrics)
-        for m in self.metrics:
-            if not callable(m): raise TypeError(f"metrics must be callables (preds, targets) -> number, got {m!r}")
-        names = [_name_of(m) for m in self.metrics]   # the keys of their results
-        for n in names:
-            if names.count(n) > 1:
-                raise ValueError(f"Two metrics are named {n!r}, and results are keyed by name: give each its own "
-                                 "(a def, or set f.__name__ = '...' on a lambda or partial)")
-            if n in ('epoch', 'train_loss', 'valid_loss', 'time'):
-                raise ValueError(f"A metric can't be named {n!r}: the trainer reports its own {n!r} under that key")
+        self.loss_func, self.train_step, self.eval_step, self.metrics = loss_func, train_step, eval_step, list(metrics)
         self.max_grad_norm, self.nan_policy, self.sync_every = max_grad_norm, nan_policy, sync_every
         self.scheduler_func, self.scheduler = scheduler, None
-        if isinstance(opt_func, torch.optim.Optimizer):
-            opt = opt_func
-            if lr is not None and lr != opt.param_groups[0]['lr']:
-                warnings.warn(f"lr={lr} ignored: the optimizer passed has its own, lr={opt.param_groups[0]['lr']} "
-                              "(set it on the optimizer, or pass a factory such as opt_func=torch.optim.AdamW)", stacklevel=2)
-        else: opt = opt_func(model.parameters(), lr=1e-3 if lr is None else lr)
+        opt = _make_optimizer(opt_func, model, lr)
         self._base_lrs = [g['lr'] for g in opt.param_groups]
         self.model, self.opt = self.accelerator.prepare(model, opt)
         self.train_dl, self.valid_dl = train_dl, valid_dl
-        self._prepared = {}   # id(dataloader) -> (dataloader, prepared one)
-        self._epoch_iter = None   # set when resuming mid-epoch (see `_one_epoch`)
-        self._epoch_start = 0     # iteration of the current epoch's first batch
-        self.state, self.losses = StepState(), LossLog()
-        self.hooks: list[Hook] = []
-        self.fitting = False
+        self._prepared, self._resume_at, self._epoch_start, self._phase = {}, None, 0, None
+        self.state, self.losses, self.hooks, self.fitting = StepState(), LossLog(), [], False
         self.batch = self.preds = self.loss = self.out = None
-        self.valid_results, self.epoch_results, self.cancelled = {}, {}, None
+        self.valid_results, self.epoch_results, self.cancelled, self.eval_samples = {}, {}, None, None
         self.add_hooks(*[_load(h)() for h in (type(self).default_hooks if default_hooks else [])], *hooks)
 
-    # ---- properties ----
     @property
     def device(self) -> torch.device: return self.accelerator.device
     @property
     def is_main_process(self) -> bool: return self.accelerator.is_main_process
     @property
     def unwrapped_model(self) -> torch.nn.Module: return self.accelerator.unwrap_model(self.model)
-    @property
-    def steps_per_epoch(self) -> int:
-        "Optimizer steps in an epoch of the current (or last) fit; the last, shorter accumulation group of an epoch steps too. 0: unknown."
-        return math.ceil(self.state.n_batches / self.grad_accum)
-    @property
-    def lr(self) -> float:
-        "The base learning rate (the first parameter group's; the others keep their ratio to it)."
-        return self._base_lrs[0]
-    @lr.setter
-    def lr(self, lr: float):
-        if not (isinstance(lr, (int, float)) and lr > 0): raise ValueError(f"lr must be a positive number, got {lr!r}")
-        scale = lr / self._base_lrs[0]
-        self._base_lrs = [b * scale for b in self._base_lrs]
-        for g, b in zip(self.opt.param_groups, self._base_lrs): g['lr'] = b
-
-# %% ../nbs/00_core.ipynb #54a5f290
-@patch_to(Trainer)
-def _hook_methods(self, event):
-    return [h for h in self.hooks if callable(getattr(h, event, None))]
-
-@patch_to(Trainer)
-def add_hooks(self, *hooks):
-    "Add hooks (instances, or classes to instantiate); they run sorted by `order`, ties in the order added."
-    if self.fitting: raise RuntimeError("Can't add hooks while fit is running")
-    for h in hooks:
-        if isinstance(h, type): h = h()
-        if not isinstance(getattr(h, 'order', None), (int, float)) or not hasattr(h, 'main_process_only'):
-            raise TypeError(f"hooks must be Hook instances (subclass trainer_nb.core.Hook), got {type(h).__name__}")
-        h.trainer = self
-        self.hooks.append(h)
-    self.hooks.sort(key=lambda h: h.order)   # stable: ties keep insertion order
-    return self
-
-@patch_to(Trainer)
-def remove_hooks(self, *hooks):
-    "Remove hooks, given as instances or classes (every hook of that class)."
-    if self.fitting: raise RuntimeError("Can't remove hooks while fit is running")
-    for h in hooks:
-        gone = [x for x in self.hooks if (isinstance(x, h) if isinstance(h, type) else x is h)]
-        if not gone: raise ValueError(f"{h!r} is not among this trainer's hooks")
-        for x in gone: self.hooks.remove(x); x.trainer = None
-    return self
-
-@patch_to(Trainer)
-def get_hook(self, cls):
-    "The one hook of class `cls` (or a subclass); an error if there is none or several."
-    found = [h for h in self.hooks if isinstance(h, cls)]
-    if len(found) != 1:
-        raise LookupError(f"{'No' if not found else len(found)} hooks of type {cls.__name__} "
-                          f"(hooks: {[h.name for h in self.hooks]})")
-    return found[0]
-
-@patch_to(Trainer)
-def describe_hooks(self):
-    "A table, one row per event, of the hooks that run there in order; unknown `before_*/after_*` methods are flagged."
-    import pandas as pd
-    main = self.is_main_process
-    def cell(hs):
-        return ', '.join(f"{h.name} ({h.order})" + ('' if main or not h.main_process_only else ' [main process only]')
-                         for h in hs) or '-'
-    rows = [(e, cell(_hook_methods(self, e))) for e in EVENTS]
-    unknown = {}
-    for h in self.hooks:
-        for n in _unknown_events(h): unknown.setdefault(n, []).append(h)
-    rows += [(f"{n} (not an event!)", cell(hs)) for n, hs in unknown.items()]
-    return pd.DataFrame(rows, columns=['event', 'hooks (order)']).set_index('event')
-
-# %% ../nbs/00_core.ipynb #270601cc
-@patch_to(Trainer)
-def _resolve(self):
-    acc = self.accelerator
-    self._ev = {e: tuple((h.name, getattr(h, e)) for h in _hook_methods(self, e)
-                         if not (h.main_process_only and not acc.is_main_process))
-                for e in EVENTS}
-    for h in self.hooks:
-        for n in _unknown_events(h):
-            close = difflib.get_close_matches(n, EVENTS, n=1)
-            warnings.warn(f"Hook {h.name} has a method {n!r} that matches no event and will never run"
-                          + (f"; did you mean {close[0]!r}?" if close else f"; events are {EVENTS}"), stacklevel=3)
-    acc.gradient_accumulation_steps = self.grad_accum   # Accelerate keeps this process-wide: another trainer may have changed it
-    plain_types = (DistributedType.NO, DistributedType.MULTI_CPU, DistributedType.MULTI_GPU)
-    no_scaler = acc.scaler is None and acc.distributed_type in plain_types
-    opt = self.opt.optimizer if no_scaler else self.opt
-    self._opt_step, self._zero_grad = opt.step, opt.zero_grad
-    self._drop_grad = getattr(self.opt, 'optimizer', self.opt).zero_grad   # works mid-group too, unlike Accelerate's
-    self._backward = torch.Tensor.backward if no_scaler and self.grad_accum == 1 else acc.backward
-    self._scaler = acc.scaler
-    self._n_procs = acc.num_processes
-
-def _hook_error(e: BaseException, hook: str, event: str) -> BaseException:
-    "What to raise for `e`, raised by `hook` at `event`: named in a note, and a control exception out of place as an error."
-    if isinstance(e, _CONTROL) and not isinstance(e, _ALLOWED[event]): e = _misplaced(e, hook, event)
-    _annotate(e, f"raised by hook {hook} at event {event!r}")
-    return e
-
-@patch_to(Trainer)
-def _call(self, event):
-    "Run one event's hooks, naming the hook and the event in any error they raise."
-    for name, f in self._ev[event]:
-        try: f()
-        except BaseException as e:
-            err = _hook_error(e, name, event)
-            if err is e: raise
-            raise err from e
-
-@patch_to(Trainer)
-def _call_all(self, event):
-    "Run every hook of a cleanup event even if some raise; then raise the first error (the others named in its notes)."
-    first = None
-    for name, f in self._ev[event]:
-        try: f()
-        except BaseException as e:
-            err = _hook_error(e, name, event)
-            if first is None: first = err
-            else: _annotate(first, f"hook {name} at event {event!r} then raised {type(err).__name__}: {err}")
-    if first is not None: raise first
-
-# %% ../nbs/00_core.ipynb #51af11d2
-@patch_to(Trainer)
-def _train_dataloader(self, dl):
-    "The dataloader to train on: prepared by Accelerate, unless that would only copy CPU tensors to the CPU."
-    acc = self.accelerator
-    if acc.num_processes == 1 and self.grad_accum == 1 and acc.device.type == 'cpu': return dl
-    return self._prepare_dl(dl)
-
-@patch_to(Trainer)
-def _prepare_dl(self, dl):
-    key = id(dl)
-    if key not in self._prepared or self._prepared[key][0] is not dl:
-        self._prepared[key] = (dl, self.accelerator.prepare(dl))
-    return self._prepared[key][1]
-
-# %% ../nbs/00_core.ipynb #bb3e8a12
-@patch_to(Trainer)
-def _make_batch_fn(self):
-    """This fit's `train_batch(batch)`: forward, loss, backward and (when due) the optimizer step of one batch.
-    What it uses is bound to local names once per fit; an event with no hooks costs one truth test."""
-    s, call, acc, model = self.state, self._call, self.accelerator, self.model
-    before_step, after_pred, after_loss, after_backward, after_step = (self._ev[e] for e in (
-        'before_step', 'after_pred', 'after_loss', 'after_backward', 'after_step'))
-    train_step, loss_func, losses, pending = self.train_step, self.loss_func, self.losses, self.losses.pending
-    backward, opt_step, zero_grad, scaler = self._backward, self._opt_step, self._zero_grad, self._scaler
-    drop_grad = self._drop_grad
-    every_batch, skip_nan, sync_every, n_procs = self.grad_accum == 1, self.nan_policy == 'skip', self.sync_every, self._n_procs
-    accumulate = None if every_batch else acc.accumulate
-    rows = _batch_size if n_procs == 1 else lambda batch: _rows_everywhere(acc, _batch_size(batch))
-
-    def forward(batch):
-        "The batch's loss (hooks may replace `trainer.batch`, `.preds` and `.loss` at their events)."
-        if before_step:
-            call('before_step'); batch = self.batch
-        if train_step is not None:
-            out = self.out = _check_out(train_step(batch, self))
-            if 'loss' not in out: raise ValueError("train_step's dict has no 'loss': return {'loss': loss, ...}")
-            self.preds = out.get('preds')
-            if after_pred: call('after_pred')
-            return _check_loss(out['loss'], "train_step's 'loss'")
-        if loss_func is not None:
-            xs, y = _split(batch)
-            preds = self.preds = model(*xs)
-            if after_pred:
-                call('after_pred'); preds = self.preds
-            return _check_loss(loss_func(preds, y), "loss_func's result")
-        self.preds = self.out = model(**batch)
-        if after_pred: call('after_pred')
-        return _check_loss(_loss_of(self.out))
-
-    def step(batch):
-        loss = self.loss = forward(batch)
-        if after_loss:
-            call('after_loss'); loss = self.loss
-        d = loss.detach()
-        pending.append(d)
-        if skip_nan:
-            bad = ~torch.isfinite(d)
-            if n_procs > 1: bad = acc.reduce(bad.float(), 'sum') > 0   # all skip together: see "Several processes"
-            if bad:
-                v = d.item()
-                warnings.warn(f"Skipped batch {s.batch} of epoch {s.epoch} (iteration {s.iteration}): "
-                              + (f"non-finite loss {v}" if not math.isfinite(v) else "non-finite loss on another process"))
-                raise CancelStep()
-        backward(loss)
-        self._backward_done = True
-        if after_backward: call('after_backward')
-        if every_batch or acc.sync_gradients:
-            if self.max_grad_norm is not None: acc.clip_grad_norm_(model.parameters(), self.max_grad_norm)
-            opt_step()
-            if scaler is None or not self.opt.step_was_skipped:
-                s.step += 1
-                s.opt_stepped = True
-                if self.scheduler is not None: self.scheduler.step()
-            zero_grad(set_to_none=True)
-
-    def train_batch(batch):
-        self.batch = batch
-        s.opt_stepped = self._backward_done = False
-        try:
-            if every_batch: step(batch)
-            else:
-                with accumulate(model): step(batch)
-        except CancelStep:
-            # drop the group's gradients when this batch's are mixed in, or when the group ends here with no step
-            if every_batch or self._backward_done or acc.sync_gradients: drop_grad(set_to_none=True)
-            if len(losses) == s.iteration: losses.append_skipped()
-        s.samples += rows(batch)
-        s.iteration += 1
-        if len(pending) >= sync_every: self.flush_losses()
-        try:
-            if after_step: call('after_step')
-        except CancelStep: pass   # the batch is done: only the remaining after_step hooks are skipped
-        finally: self.loss = self.preds = self.out = None   # don't keep the graph alive between batches
-    return train_batch
-
-def _rows_everywhere(acc, bs: int) -> int:
-    """Samples in this batch over all processes: `bs` on each, except in the last batch of a dataset that doesn't
-    divide evenly, which Accelerate pads with copies: there only the `remainder` real ones."""
-    gs = acc.gradient_state
-    if gs.end_of_dataloader and gs.remainder > 0: return gs.remainder
-    return bs * acc.num_processes
-
-@patch_to(Trainer)
-def flush_losses(self):
-    """Move pending losses to the host (one transfer) and check every chunk moved since the last check:
-    with `nan_policy='raise'` a non-finite loss raises, naming its epoch, batch and iteration. Hooks that need the losses call this."""
-    self.losses.flush()
-    unchecked, self.losses.unchecked = self.losses.unchecked, []
-    if self.nan_policy == 'skip': return
-    for first, chunk in unchecked:
-        finite = torch.isfinite(chunk)
-        if finite.all(): continue
-        bad = [i for i in (~finite).nonzero().flatten().tolist() if first + i not in self.losses.skipped]
-        if bad:
-            it, s = first + bad[0], self.state
-            # the losses not checked yet are all of the current epoch: it is checked in full at its end
-            where = f"epoch {s.epoch}, batch {it - self._epoch_start}" if it >= self._epoch_start else "an earlier epoch"
-            raise FloatingPointError(
-                f"Non-finite loss ({chunk[bad[0]].item()}) in {where} (iteration {it}). Losses are checked when they "
-                f"reach the host (every sync_every={self.sync_every} batches and at the end of each epoch): its backward "
-                "pass ran, and the weights after that step may already be non-finite. Lower the LR, set "
-                "max_grad_norm=, check the data, or pass nan_policy='skip' to skip such batches")
-
-# %% ../nbs/00_core.ipynb #b6682c8d
-@patch_to(Trainer)
-def _eval_batch(self, batch) -> dict:
-    "`{'loss', 'preds', 'targets'}` of one batch, with no gradients."
-    if self.eval_step is not None: return _check_out(self.eval_step(batch, self), 'eval_step')
-    if self.loss_func is not None:
-        xs, y = _split(batch)
-        preds = self.model(*xs)
-        return {'loss': self.loss_func(preds, y) if y is not None else None, 'preds': preds, 'targets': y}
-    if self.train_step is not None: return _check_out(self.train_step(batch, self))
-    out = self.model(**batch)
-    loss = out.get('loss') if isinstance(out, Mapping) else getattr(out, 'loss', None)
-    preds = out.get('logits', out) if isinstance(out, Mapping) else getattr(out, 'logits', out)
-    return {'loss': loss, 'preds': preds, 'targets': batch.get('labels')}
-
-def _real_rows(acc, bs: int) -> int:
-    """Rows of this process's batch that are real samples: all of them, except in the last batch of a dataset that
-    doesn't divide evenly, which Accelerate pads (at its end) with samples from the start of the dataset."""
-    rem = acc.gradient_state.remainder
-    if acc.num_processes == 1 or not acc.gradient_state.end_of_dataloader or rem <= 0: return bs
-    return max(0, min(bs, rem - acc.process_index * bs))
-
-@patch_to(Trainer)
-def _run_eval(self, dl, keep_preds: bool):
-    "Mean loss, sample count and (optionally) gathered preds/targets over `dl`."
-    if dl is None: raise ValueError("No dataloader to evaluate on: pass one, or give the Trainer a valid_dl")
-    if _has_len(dl) == 0: raise ValueError("The evaluation dataloader yields no batches (is the dataset empty?)")
-    acc, pdl = self.accelerator, self._prepare_dl(dl)
-    was_training = self.model.training
-    self.model.eval()
-    # per process: sum of per-sample losses and count of real samples; reduced once at the end
-    totals, has_loss, preds, targets = torch.zeros(2, device=acc.device, dtype=torch.float64), True, [], []
-    try:
-        with torch.no_grad(), acc.autocast():
-            for batch in pdl:
-                out = self._eval_batch(batch)
-                bs = find_batch_size(batch)
-                real = _real_rows(acc, bs)
-                loss = out.get('loss')
-                if loss is None: has_loss = False
-                else:
-                    if real < bs and self.eval_step is None and self.loss_func is not None and out['targets'] is not None:
-                        # recompute the loss on the real rows only: padded duplicates must not count
-                        loss = self.loss_func(out['preds'][:real], out['targets'][:real]) if real else torch.zeros(())
-                    totals[0] += _check_loss(loss.detach(), "the evaluation loss").double() * real
-                totals[1] += real
-                if keep_preds:
-                    preds.append(_to_cpu(acc.gather_for_metrics(out.get('preds'))))
-                    if out.get('targets') is not None: targets.append(_to_cpu(acc.gather_for_metrics(out['targets'])))
-    finally: self.model.train(was_training)
-    if acc.num_processes > 1: totals = acc.reduce(totals, 'sum')
-    loss_sum, n = totals.tolist()
-    if n == 0: raise ValueError("The evaluation dataloader yielded no samples")
-    self.eval_samples = int(n)
-    cat = lambda xs: concatenate(xs) if xs else None
-    return (loss_sum / n if has_loss else None), cat(preds), cat(targets)
-
-def _to_cpu(x):
-    if isinstance(x, torch.Tensor): return x.detach().cpu()
-    if isinstance(x, Mapping): return type(x)({k: _to_cpu(v) for k, v in x.items()})
-    if isinstance(x, (list, tuple)): return type(x)(_to_cpu(v) for v in x)
-    return x
-
-@patch_to(Trainer)
-def evaluate(self, dl=None) -> dict:
-    "`{'valid_loss': ..., <metric>: ...}` over `dl` (default: `valid_dl`), gathered from all processes."
-    loss, preds, targets = self._run_eval(dl if dl is not None else self.valid_dl, keep_preds=bool(self.metrics))
-    res = {'valid_loss': loss}
-    for m in self.metrics:
-        name = _name_of(m)
-        if targets is None: raise ValueError(f"Metric {name!r} needs targets, but the evaluation batches have none")
-        try: v = m(preds, targets)
-        except Exception as e:
-            _annotate(e, f"raised by metric {name!r} (called as {name}(preds, targets) with preds of shape "
-                         f"{tuple(getattr(preds, 'shape', ()))} and targets of shape {tuple(getattr(targets, 'shape', ()))})")
-            raise
-        res[name] = v.item() if isinstance(v, torch.Tensor) and v.numel() == 1 else v
-    self.valid_results = res
-    return res
-
-@patch_to(Trainer)
-def predict(self, dl):
-    "`(preds, targets)` over `dl`, gathered from all processes, on the CPU (`targets` is None for unlabelled batches)."
-    _, preds, targets = self._run_eval(dl, keep_preds=True)
-    return preds, targets
-
-# %% ../nbs/00_core.ipynb #ba38ffbd
-@patch_to(Trainer)
-def fit(self, epochs: int, lr: float | None = None,
-        resume=None):   # 'last', 'best' or a checkpoint directory to continue from (see `trainer_nb.checkpoint`)
-    """Train for `epochs` more epochs (at `lr`, if given). With `resume=`, continue an interrupted fit where its checkpoint
-    left it: `epochs` is then the number the interrupted call asked for, not the number left."""
-    if not (isinstance(epochs, int) and epochs >= 0): raise ValueError(f"epochs must be an int >= 0, got {epochs!r}")
-    if self.train_dl is None: raise ValueError("No train_dl: pass one to the Trainer (or set trainer.train_dl)")
-    n = _has_len(self.train_dl)
-    if n == 0: raise ValueError("train_dl yields no batches (is the dataset empty, or drop_last with too few samples?)")
-    if self.valid_dl is not None and _has_len(self.valid_dl) == 0:
-        raise ValueError("valid_dl yields no batches (is the dataset empty?): pass a non-empty one, or None")
-    if self.fitting: raise RuntimeError("fit is already running")
-    self.lr = lr if lr is not None else self.lr   # each fit starts from the base LR
-    dl = self._train_dataloader(self.train_dl)
-    s = self.state
-    s.epochs, s.n_batches = s.epoch + epochs, _has_len(dl) or 0
-    self._build_scheduler(epochs)
-    self._resolve()
-    if resume is not None: _load(self.resume_func)(self, resume)   # after the scheduler is built: it loads its state
-    self.fitting, self.cancelled = True, None
-    self.model.train()
-    try:
-        self._call('before_fit')
-        self._batch_fn = self._make_batch_fn()   # after before_fit: hooks may have set things up
-        while s.epoch < s.epochs:
-            self._one_epoch(dl)
-            s.epoch += 1
-    except CancelFit as e:
-        self.cancelled = e
-        self._call_all('after_cancel')
-    except BaseException as e:
-        self.cancelled = e
-        self._cleanup()
-        self._call_all('after_cancel')
-        raise
-    finally:
-        self._cleanup()
-        self.fitting = False
-        self._call_all('after_fit')
-
-@patch_to(Trainer)
-def _cleanup(self):
-    "Leave the model usable: no half-accumulated gradients, the loss log complete, no graph kept."
-    self._drop_unfinished()
-    try: self.losses.flush()                       # keep the losses of the batches that ran
-    except Exception: self.losses.pending.clear()  # (a broken device must not hide the original error)
-    self.losses.unchecked.clear()                  # the next fit checks only its own
-    self.loss = self.preds = self.out = self._epoch_iter = None
-
-@patch_to(Trainer)
-def _drop_unfinished(self):
-    "Forget a batch that stopped half-way (its logged loss) and the gradients of an unfinished accumulation group."
-    pending, extra = self.losses.pending, len(self.losses) - self.state.iteration
-    if extra > 0: del pending[max(0, len(pending) - extra):]
-    acc = self.accelerator
-    acc.gradient_state._set_sync_gradients(True)
-    acc.step = 0                                   # the next batch starts a new accumulation group
-    self._drop_grad(set_to_none=True)
-
-@patch_to(Trainer)
-def _build_scheduler(self, epochs):
-    for g in self.opt.param_groups: g.pop('initial_lr', None)
-    if self.scheduler_func is None: self.scheduler = None; return
-    per_epoch = self.steps_per_epoch
-    if per_epoch == 0: raise ValueError("A scheduler needs a train_dl with a length to know the number of steps")
-    self.scheduler = self.scheduler_func(self.opt.optimizer, epochs * per_epoch)
-
-@patch_to(Trainer)
-def _one_epoch(self, dl):
-    s = self.state
-    s.batch, t0 = 0, time.perf_counter()
-    self.epoch_results = {}
-    self.model.train()
-    self._epoch_start = len(self.losses)
-    try:
-        if self._ev['before_epoch']: self._call('before_epoch')
-        # resuming mid-epoch: `_epoch_iter(dl)` sets `s.batch` to the batches already done and returns an iterator past them
-        it, self._epoch_iter = (iter(dl) if self._epoch_iter is None else self._epoch_iter(dl)), None
-        self._epoch_start = len(self.losses) - s.batch
-        train_batch = self._batch_fn
-        for batch in it:
-            train_batch(batch)
-            s.batch += 1
-        if s.batch == 0 and s.n_batches == 0: raise ValueError("train_dl yielded no batches")
-    except CancelEpoch:
-        self._epoch_iter = None
-        self._drop_unfinished()
-    self.flush_losses()
-    self.epoch_results = {'epoch': s.epoch, 'train_loss': self._epoch_train_loss(self._epoch_start)}
-    if self.valid_dl is not None:
-        try:
-            if self._ev['before_valid']: self._call('before_valid')
-            self.epoch_results.update(self.evaluate())
-            if self._ev['after_valid']: self._call('after_valid')
-        except CancelEpoch: pass   # from before_valid: no validation; from after_valid: its remaining hooks skipped
-    self.epoch_results['time'] = time.perf_counter() - t0
-    try:
-        if self._ev['after_epoch']: self._call('after_epoch')
-    except CancelEpoch: pass       # the remaining after_epoch hooks are skipped
-
-@patch_to(Trainer)
-def _epoch_train_loss(self, first):
-    "Mean training loss of the epoch's batches, averaged over processes."
-    vals = self.losses.values[first:]
-    vals = vals[torch.isfinite(vals)]   # batches skipped or cancelled before their loss don't count
-    mean = torch.tensor(vals.mean().item() if len(vals) else float('nan'), device=self.device)
-    return self.accelerator.reduce(mean, 'mean').item() if self._n_procs > 1 else mean.item()
 
 # %% ../nbs/00_core.ipynb #d5bda1bd
 def _fmt(v):
@@ -720,5 +1051,3 @@ class PrintMetrics(MainProcessHook):
     order = 90
     def after_epoch(self):
         print('  '.join(f"{k} {_fmt(v)}" for k, v in self.trainer.epoch_results.items()), flush=True)
-
-Trainer.default_hooks = ['trainer_nb.recorder:Recorder', 'trainer_nb.progress:Progress', 'trainer_nb.liveplot:LivePlot']

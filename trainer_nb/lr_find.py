@@ -4,7 +4,7 @@
 
 # %% ../nbs/05_lr_find.ipynb #0f0a5506
 from __future__ import annotations
-import copy, math, random, sys, time
+import math, sys, time
 from dataclasses import dataclass, field
 
 # %% auto #0
@@ -14,7 +14,7 @@ __all__ = ['MIN_POINTS', 'SUGGESTIONS', 'suggest_minimum', 'suggest_steep', 'sug
 # %% ../nbs/05_lr_find.ipynb #82eecdd7
 import numpy as np
 import torch
-from .core import Trainer, Hook, CancelFit, patch_to
+from .core import Trainer, Hook, CancelFit, LossLog
 
 # %% ../nbs/05_lr_find.ipynb #ee9e32a9
 MIN_POINTS = 5   # a curve with fewer usable points gives no suggestion
@@ -78,96 +78,6 @@ def suggest(lrs, losses, methods=tuple(SUGGESTIONS)) -> dict[str, float]:
     items = methods.items() if isinstance(methods, dict) else [(m, SUGGESTIONS[m]) for m in methods]
     return {name: f(lrs, losses) for name, f in items}
 
-# %% ../nbs/05_lr_find.ipynb #7dd7fd1b
-def _cpu_copy(obj):
-    "A deep copy of `obj` with every tensor copied to the CPU."
-    if isinstance(obj, torch.Tensor): return obj.detach().to('cpu', copy=True)
-    if isinstance(obj, dict): return {k: _cpu_copy(v) for k, v in obj.items()}
-    if isinstance(obj, (list, tuple)): return type(obj)(_cpu_copy(v) for v in obj)
-    return copy.deepcopy(obj)
-
-def _rng_states() -> dict:
-    st = {'random': random.getstate(), 'numpy': np.random.get_state(), 'torch': torch.get_rng_state()}
-    if torch.cuda.is_available() and torch.cuda.is_initialized(): st['cuda'] = torch.cuda.get_rng_state_all()
-    mps = getattr(torch, 'mps', None)
-    if mps is not None and torch.backends.mps.is_available(): st['mps'] = mps.get_rng_state()
-    return st
-
-def _set_rng_states(st: dict):
-    random.setstate(st['random']); np.random.set_state(st['numpy']); torch.set_rng_state(st['torch'])
-    if 'cuda' in st: torch.cuda.set_rng_state_all(st['cuda'])
-    if 'mps' in st: torch.mps.set_rng_state(st['mps'])
-
-_DL_LINKS = ('base_dataloader', 'sampler', 'batch_sampler')
-_DL_COUNTERS = ('iteration', 'epoch', 'end_of_dataloader', 'remainder')
-_DL_GENERATORS = ('generator', 'synchronized_generator')
-
-def _dl_parts(*dls) -> list:
-    "A dataloader and the samplers, batch samplers and wrapped dataloaders it holds."
-    out, seen, todo = [], set(), list(dls)
-    while todo:
-        o = todo.pop()
-        if o is None or id(o) in seen or isinstance(o, (int, float, str)): continue
-        seen.add(id(o)); out.append(o)
-        d = getattr(o, '__dict__', {})
-        todo += [d[a] for a in _DL_LINKS if a in d]
-    return out
-
-def _dl_states(*dls) -> list:
-    "`(object, counters, generator states)` for each part of the dataloaders: all that iterating them changes."
-    res = []
-    for o in _dl_parts(*dls):
-        d = vars(o)
-        res.append((o, {a: d[a] for a in _DL_COUNTERS if a in d},
-                    {a: d[a].get_state() for a in _DL_GENERATORS if isinstance(d.get(a), torch.Generator)}))
-    return res
-
-def _set_dl_states(states):
-    for o, counters, gens in states:
-        for a, v in counters.items(): setattr(o, a, v)
-        for a, s in gens.items(): getattr(o, a).set_state(s)
-
-# %% ../nbs/05_lr_find.ipynb #a1fa5ce1
-class _Snapshot:
-    "Everything a sweep can change in `trainer`; `restore()` puts it back exactly."
-    def __init__(self, trainer):
-        t = self.trainer = trainer
-        acc, model, opt = t.accelerator, t.model, t.opt.optimizer
-        self.attrs = dict(vars(t))
-        self.tensors = [(p, p.detach().to('cpu', copy=True),
-                         None if getattr(p, 'grad', None) is None else p.grad.detach().to('cpu', copy=True))
-                        for p in [*model.parameters(), *model.buffers()]]
-        self.training = [(m, m.training) for m in model.modules()]
-        self.opt = _cpu_copy(opt.state_dict())
-        self.scheduler = copy.deepcopy(t.scheduler.state_dict()) if t.scheduler is not None else None
-        self.scaler = copy.deepcopy(acc.scaler.state_dict()) if acc.scaler is not None else None
-        self.rng = _rng_states()
-        self.acc_step = acc.step
-        gs = acc.gradient_state
-        self.grad_state = (list(gs._dataloader_references_ref), gs.sync_gradients)
-        self.dls = _dl_states(t.train_dl, *[p for d, p in t._prepared.values() if d is t.train_dl])
-
-    def restore(self):
-        t = self.trainer
-        acc = t.accelerator
-        with torch.no_grad():
-            for p, v, g in self.tensors:
-                p.copy_(v)
-                if g is None: p.grad = None
-                elif p.grad is None: p.grad = g.to(p.device)
-                else: p.grad.copy_(g)
-        for m, training in self.training: m.training = training
-        t.opt.optimizer.load_state_dict(self.opt)
-        vars(t).clear(); vars(t).update(self.attrs)
-        if self.scheduler is not None: t.scheduler.load_state_dict(self.scheduler)
-        if self.scaler is not None: acc.scaler.load_state_dict(self.scaler)
-        _set_rng_states(self.rng)
-        acc.step = self.acc_step
-        gs = acc.gradient_state
-        gs._dataloader_references_ref = list(self.grad_state[0])
-        gs._set_sync_gradients(self.grad_state[1])
-        _set_dl_states(self.dls)
-
 # %% ../nbs/05_lr_find.ipynb #407d5c78
 class _Sweep(Hook):
     "Private hook of `lr_find`: sets the LR each step, records the loss, decides when to stop."
@@ -193,7 +103,7 @@ class _Sweep(Hook):
 
     def after_step(self):
         t = self.trainer
-        t.losses.pending.clear()
+        t.losses.truncate(t.losses.n_host)   # the sweep's stand-in log: nothing to keep
         if t.grad_accum > 1 and not t.accelerator.sync_gradients: return
         if self.acc is None: return   # the batch was cancelled before its loss
         loss = self.acc / self.n
@@ -352,11 +262,13 @@ def _in_notebook() -> bool:
     ip = ip.get_ipython() if ip is not None else None
     return ip is not None and 'IPKernelApp' in getattr(ip, 'config', {})
 
-@patch_to(Trainer)
-def lr_find(self: Trainer, start_lr: float = 1e-7, end_lr: float = 10, num_it: int = 100, beta: float = 0.98,
-            div: float = 4., show: bool = True, suggest_funcs=tuple(SUGGESTIONS)) -> LRFindResult:
-    """Sweep the LR exponentially from `start_lr` to `end_lr` over `num_it` optimizer steps; restore everything; suggest LRs.
-    A sweep that stops before `MIN_POINTS` usable steps raises a `ValueError` whose `result` holds the curve so far."""
+def lr_find(trainer: Trainer, start_lr: float = 1e-7, end_lr: float = 10, num_it: int = 100, beta: float = 0.98,
+            div: float = 4., show: bool = True, suggest_funcs=None) -> LRFindResult:
+    """`trainer.lr_find(...)`: sweep the LR exponentially from `start_lr` to `end_lr` over `num_it` optimizer steps,
+    restore everything and suggest LRs (`suggest_funcs`: names from `SUGGESTIONS`, or `name -> func`; None: all). A
+    sweep that stops before `MIN_POINTS` usable steps raises a `ValueError` whose `result` holds the curve so far."""
+    self = trainer
+    if suggest_funcs is None: suggest_funcs = tuple(SUGGESTIONS)
     if not (0 < start_lr < end_lr): raise ValueError(f"Need 0 < start_lr < end_lr, got {start_lr!r} and {end_lr!r}")
     if not (isinstance(num_it, int) and num_it >= MIN_POINTS):
         raise ValueError(f"num_it must be an int >= {MIN_POINTS} (a suggestion needs {MIN_POINTS} points), got {num_it!r}")
@@ -368,28 +280,22 @@ def lr_find(self: Trainer, start_lr: float = 1e-7, end_lr: float = 10, num_it: i
     if self.train_dl is None: raise ValueError("No train_dl: pass one to the Trainer (or set trainer.train_dl)")
     main = self.is_main_process
     sched = [start_lr * (end_lr / start_lr) ** (i / (num_it - 1)) for i in range(num_it)]
-    dl = self._train_dataloader(self.train_dl)   # prepare it now, as fit would, so the snapshot covers its state
-    snap = _Snapshot(self)
+    dl = self.train_loader   # prepared now, as fit would, so that the rewind covers its state
     bar = None
     if show and main:
         from tqdm.auto import tqdm
         bar = tqdm(total=num_it, desc='lr_find', leave=False)
     sweep = _Sweep(sched, beta, div, bar)
+    try: n = len(dl)
+    except TypeError: n = 0
     try:
-        sweep.trainer = self
-        self.hooks = [sweep]
-        self.state = copy.copy(self.state)
-        self.losses = type(self.losses)()
-        self.valid_dl, self.scheduler_func = None, None
-        self.sync_every = sys.maxsize
-        try: n = len(dl)
-        except TypeError: n = 0
-        self.fit(math.ceil(num_it * self.grad_accum / n) + 1 if n else sys.maxsize)
+        with self.temporary(hooks=[sweep], rewind=True, losses=LossLog(), valid_dl=None, scheduler_func=None,
+                            sync_every=sys.maxsize):
+            self.fit(math.ceil(num_it * self.grad_accum / n) + 1 if n else sys.maxsize)
     finally:
         if bar is not None:
             if sweep.stop: bar.total = bar.n   # stopping early is normal: don't leave a 'failed' (red) bar behind
             bar.close()
-        snap.restore()
     losses = sweep.smooth + [math.nan] * (len(sweep.raw) - len(sweep.smooth))   # the NaN step, if any
     res = LRFindResult(list(sweep.lrs), losses, list(sweep.raw), {}, sweep.stop or '', self)
     try: res.suggestions = suggest(res.lrs, res.losses, suggest_funcs)

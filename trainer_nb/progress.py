@@ -50,22 +50,9 @@ class LossTail:
 
     def new(self, keep: int | None = None) -> torch.Tensor:
         "The losses since the last call (only the last `keep` of them, if given) as a float32 CPU tensor."
-        log = self.losses
-        total, n_host = len(log), log.n
-        start = self.seen if keep is None else max(self.seen, total - keep)
-        self.seen = total
-        if start >= total: return torch.zeros(0)
-        parts = []
-        if start < n_host:   # part of it is already on the host: walk the chunks from the end
-            need, chunks = n_host - start, []
-            for c in reversed(log.chunks):
-                chunks.append(c[-need:] if len(c) > need else c)
-                need -= len(chunks[-1])
-                if need <= 0: break
-            parts.extend(reversed(chunks))
-        pend = log.pending[max(0, start - n_host):total - n_host]
-        if pend: parts.append(torch.stack(pend).float().cpu())   # the one sync
-        return torch.cat(parts) if len(parts) > 1 else parts[0]
+        vals = self.losses.tail(self.seen, keep)
+        self.seen = len(self.losses)
+        return vals
 
 def auto_beta(n: int | None, most: int = 50) -> float:
     "A smoothing factor whose window is about a twentieth of `n` steps (at most `most`): a short fit's curve keeps up."

@@ -12,7 +12,7 @@ __all__ = ['Recorder', 'Binned']
 # %% ../nbs/01_recorder.ipynb #b6e98ae6
 import numpy as np
 import torch
-from .core import Hook, Trainer
+from .core import Hook, _plain
 
 # %% ../nbs/01_recorder.ipynb #3562dd8a
 class _Buf:
@@ -49,17 +49,6 @@ class _Buf:
     def __len__(self): return self.n
 
 # %% ../nbs/01_recorder.ipynb #c7adaa80
-def _log_slice(log, start: int, stop: int) -> np.ndarray:
-    "The flushed losses `start:stop` of a `LossLog`, as float64, read from its newest chunks."
-    parts, end = [], log.n
-    for c in reversed(log.chunks):
-        if end <= start: break
-        s = end - len(c)
-        if s < stop: parts.append(c[max(start - s, 0):stop - s])
-        end = s
-    if not parts: return np.zeros(0)
-    return torch.cat(parts[::-1]).double().numpy()
-
 def _range_means(vals: np.ndarray, offset: int, ends: np.ndarray, ns: np.ndarray) -> np.ndarray:
     "Mean of the finite `vals[end - n - offset : end - offset]` for each `(end, n)`; NaN where there is none."
     fin = np.isfinite(vals)
@@ -85,12 +74,6 @@ def _bucket_means(x: np.ndarray, max_points: int | None) -> np.ndarray:
     with np.errstate(invalid='ignore', divide='ignore'): return sums / cnt
 
 # %% ../nbs/01_recorder.ipynb #f2b73f15
-def _plain(v):
-    "A JSON-friendly copy of a recorded value: numbers for scalars, lists for tensors and arrays."
-    if isinstance(v, torch.Tensor): v = v.detach().cpu()
-    if isinstance(v, (torch.Tensor, np.ndarray, np.generic)): return v.item() if v.ndim == 0 else v.tolist()
-    return v
-
 def _nan_to_none(xs) -> list: return [None if x != x else x for x in xs.tolist()]
 def _none_to_nan(xs) -> list: return [math.nan if x is None else x for x in xs]
 
@@ -207,12 +190,12 @@ class Recorder(Hook):
         if log is None: return
         if not len(self._p_end): return
         ends, ns = self._p_end.a, self._p_n.a
-        k = int(np.searchsorted(ends, log.n, side='right'))   # ends only grow within a fit; lost steps have n = 0
+        k = int(np.searchsorted(ends, log.n_host, side='right'))   # ends only grow within a fit; lost steps have n = 0
         if k == 0: return
         ends, ns = ends[:k], ns[:k]
         ok = ns > 0
         start = int((ends - ns)[ok].min()) if ok.any() else 0
-        vals = _log_slice(log, start, log.n)
+        vals = log.slice(start).double().numpy()
         self._loss.extend(_range_means(vals, start, np.where(ok, ends, start), np.where(ok, ns, 0)))
         self._p_end.drop_first(k); self._p_n.drop_first(k)
 
@@ -220,7 +203,7 @@ class Recorder(Hook):
         "Bring every recorded step's loss to the host (one transfer of the losses still pending; no collective)."
         t = self.trainer
         if t is None: return self._commit()
-        if t.losses.pending: t.flush_losses()   # the trainer's own flush: a non-finite loss is reported as in the loop
+        if len(t.losses) > t.losses.n_host: t.flush_losses()   # the trainer's own flush: a non-finite loss is reported as in the loop
         self._materialize()
 
     # ---- reading ----
@@ -383,10 +366,3 @@ class Binned:
             out = {'step': rows[:, 0] / cnt, 'loss': rows[:, 1] / rows[:, 2], 'lr': rows[:, 3] / rows[:, 4]}
         out['valid_step'], out['valid_loss'] = rec.per_epoch('valid_loss')
         return out
-
-# %% ../nbs/01_recorder.ipynb #fb951a67
-def _trainer_history(self):
-    "The epochs so far as a `pandas.DataFrame` (from the trainer's `Recorder`)."
-    return self.get_hook(Recorder).history
-
-Trainer.history = property(_trainer_history)

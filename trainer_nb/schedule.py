@@ -12,7 +12,6 @@ __all__ = ['one_cycle', 'cosine', 'constant']
 # %% ../nbs/02_schedule.ipynb #09fd802a
 import torch
 from torch.optim.lr_scheduler import CosineAnnealingLR, LinearLR, OneCycleLR, SequentialLR
-from .core import Trainer, patch_to
 
 # %% ../nbs/02_schedule.ipynb #1a4cd661
 def _has_momentum(opt) -> bool:
@@ -60,34 +59,3 @@ def _constant(opt, total_steps, warmup_pct, warmup_steps, div):
 def constant(warmup_pct: float = 0., warmup_steps: int | None = None, div: float = 25.):
     "A constant-LR schedule factory, with an optional linear warmup from lr / div (`LinearLR`)."
     return partial(_constant, warmup_pct=warmup_pct, warmup_steps=warmup_steps, div=div)
-
-# %% ../nbs/02_schedule.ipynb #cacac0b1
-def _fit_with(self, epochs, lr, factory, resume=None):
-    "`fit` with `factory` as the scheduler for this call only; momentum and LR are put back afterwards."
-    old, pgs = self.scheduler_func, self.opt.param_groups
-    moms = [{k: g[k] for k in ('momentum', 'betas') if k in g} for g in pgs]
-    self.scheduler_func = factory
-    try: self.fit(epochs, lr=lr, resume=resume)
-    finally:
-        self.scheduler_func = old
-        for g, m in zip(pgs, moms): g.update(m)
-        self.lr = self.lr   # every group back to its base LR
-
-@patch_to(Trainer)
-def fit_one_cycle(self, epochs: int, lr_max: float | None = None, pct_start: float = 0.25, div: float = 25.,
-                  div_final: float = 1e5, moms: tuple | None = (0.95, 0.85), resume=None, **kw):
-    "Fit `epochs` epochs with a one-cycle schedule peaking at `lr_max` (default: the trainer's `lr`); see `one_cycle`."
-    _fit_with(self, epochs, lr_max, one_cycle(None, pct_start, div, div_final, moms, **kw), resume)
-
-@patch_to(Trainer)
-def fit_cosine(self, epochs: int, lr: float | None = None, warmup_pct: float = 0.05, warmup_steps: int | None = None,
-               lr_min: float = 0., div: float = 25., resume=None):
-    "Fit `epochs` epochs with a linear warmup to `lr` then cosine annealing to `lr_min`; see `cosine`."
-    _fit_with(self, epochs, lr, cosine(lr_min, warmup_pct, warmup_steps, div), resume)
-
-@patch_to(Trainer)
-def fit_constant(self, epochs: int, lr: float | None = None, warmup_pct: float = 0., warmup_steps: int | None = None,
-                 div: float = 25., resume=None):
-    "Fit `epochs` epochs at a constant `lr` (after an optional warmup), whatever `scheduler_func` the trainer has."
-    warm = warmup_steps if warmup_steps is not None else warmup_pct
-    _fit_with(self, epochs, lr, constant(warmup_pct, warmup_steps, div) if warm else None, resume)
