@@ -2,7 +2,9 @@
 
 Run: `.venv/bin/python bench/overhead.py [--steps 1500] [--reps 9]`. Contenders run interleaved, best of N, each
 repetition starting at the next contender (so none always runs right after another); each line is
-`NAME: S steps/s, R x raw`. The run of `--redraw-steps` steps then shows where the notebook defaults' time goes: the
+`NAME: S steps/s, R x REF` (REF: the raw loop fed the same way). Two contenders take pre-collated batches from a
+list instead of a DataLoader, so that the loop's own cost per step (printed in microseconds) stands above the
+DataLoader's noise. The run of `--redraw-steps` steps then shows where the notebook defaults' time goes: the
 steady-state ratio against a raw loop of the same length, the share spent redrawing, and the fixed cost per fit.
 
 With `--cuda` (needs a CUDA GPU): the same three contenders on the GPU with a larger MLP (batches already on the
@@ -32,6 +34,31 @@ def raw_loop(steps):
         loss.backward()
         opt.step()
         opt.zero_grad()
+    return steps / (time.perf_counter() - t)
+
+def make_list(steps, bs=64):
+    "The same model, and the batches pre-collated in a list: no DataLoader, so the loop's own cost shows."
+    model, dl = make(steps, bs)
+    return model, list(dl)
+
+def raw_list(steps):
+    model, batches = make_list(steps)
+    opt = torch.optim.SGD(model.parameters(), lr=0.01)
+    t = time.perf_counter()
+    for x, y in batches:
+        loss = F.cross_entropy(model(x), y)
+        loss.backward()
+        opt.step()
+        opt.zero_grad()
+    return steps / (time.perf_counter() - t)
+
+def trainer_list(steps):
+    from trainer_nb.core import Trainer
+    model, batches = make_list(steps)
+    tr = Trainer(model, batches, loss_func=F.cross_entropy, opt_func=torch.optim.SGD, lr=0.01, cpu=True,
+                 default_hooks=False)
+    t = time.perf_counter()
+    tr.fit(1)
     return steps / (time.perf_counter() - t)
 
 def trainer_no_hooks(steps):
@@ -72,7 +99,8 @@ def redraw_share(steps=20_000):
           f"{wall:.1f} s wall (plot: {plot.n_draws} draws, {plot.draw_time:.3f} s; dashboard: {prog.n_draws} "
           f"redraws, {prog.draw_time:.3f} s; one-time figure setup {plot.setup_time:.3f} s)")
 
-CONTENDERS = {'raw loop': raw_loop, 'trainer (no hooks)': trainer_no_hooks, 'trainer (notebook defaults)': trainer_notebook}
+CONTENDERS = {'raw loop': raw_loop, 'trainer (no hooks)': trainer_no_hooks, 'trainer (notebook defaults)': trainer_notebook,
+              'raw loop (batches in a list)': raw_list, 'trainer (batches in a list, no hooks)': trainer_list}
 
 # ---- on a GPU ----
 
@@ -185,7 +213,12 @@ def main():
     names = list(CONTENDERS)
     for r in range(a.reps):
         for n in names[r % len(names):] + names[:r % len(names)]: best[n] = max(best[n], CONTENDERS[n](a.steps))
-    for n, v in best.items(): print(f"{n}: {v:.0f} steps/s, {v / best['raw loop']:.3f} x raw")
+    for n, v in best.items():
+        ref = 'raw loop (batches in a list)' if 'list' in n else 'raw loop'
+        print(f"{n}: {v:.0f} steps/s, {v / best[ref]:.3f} x {ref}")
+    raw, tr = best['raw loop (batches in a list)'], best['trainer (batches in a list, no hooks)']
+    print(f"the loop's own cost (batches in a list, no hooks): {1e6 / tr - 1e6 / raw:.1f} us per step over the raw loop "
+          f"({1e6 / raw:.1f} us)")
     if a.redraw_steps: redraw_share(a.redraw_steps)
 
 if __name__ == '__main__': main()
