@@ -25,7 +25,7 @@ from .lr_find import SUGGESTIONS
 from .checkpoint import Checkpoint, EarlyStopping, MetricsLog
 from .demo import accuracy, digits_dls, digits_model
 
-# %% ../nbs/07_registry.ipynb #9825ff4c
+# %% ../nbs/07_registry.ipynb #e5403757
 KINDS = ('trainer', 'model', 'data', 'loss', 'metric', 'optimizer', 'scheduler', 'hook')
 
 class ConfigError(ValueError):
@@ -39,7 +39,7 @@ def _closest(word, choices) -> str | None:
     "The one of `choices` nearest to `word` (difflib's ratio, ignoring case), or None if none is near."
     low = {}
     for c in choices: low.setdefault(str(c).lower(), c)
-    m = difflib.get_close_matches(str(word).lower(), list(low), n=1, cutoff=0.6)
+    m = difflib.get_close_matches(str(word).lower(), list(low), n=1, cutoff=0.5)
     return low[m[0]] if m else None
 
 def _did_you_mean(word, choices) -> str:
@@ -124,9 +124,9 @@ def _register_library():
 
 _register_library()
 
-# %% ../nbs/07_registry.ipynb #6f6d7cd7
+# %% ../nbs/07_registry.ipynb #d2cd922d
 DEFAULTS = {
-    'name': None, 'imports': [], 'seed': 0, 'trainer_type': 'Trainer', 'trainer_args': {},
+    'name': None, 'imports': [], 'import_dirs': None, 'seed': 0, 'trainer_type': 'Trainer', 'trainer_args': {},
     'model': None, 'data': None, 'loss': None, 'metrics': [], 'optimizer': 'AdamW', 'schedule': None,
     'fit': {'epochs': 1, 'lr': 1e-3, 'resume': None}, 'lr_find': {}, 'hooks': [],
     'run_dir': 'runs/{name}-{time}', 'checkpoint': {}, 'metrics_log': {},
@@ -248,17 +248,17 @@ def _piece(value, kind: str, where: str, given=(), refused=None, default_type=No
     _check_args(obj, args, where, f"{kind} {name!r}", given, refused)
     return {'type': name, **args}
 
-# %% ../nbs/07_registry.ipynb #210e44ad
-def _import_modules(mods: list, base: Path | None):
-    "Import `mods` (their `@register`s run); the current directory and `base` are added to the end of `sys.path`."
-    for p in (str(Path.cwd()), None if base is None else str(base.resolve())):
-        if p is not None and p not in sys.path: sys.path.append(p)
+# %% ../nbs/07_registry.ipynb #e31703c9
+def _import_modules(mods: list, dirs: list):
+    "Import `mods` (their `@register`s run); the current directory and `dirs` are added to the end of `sys.path`."
+    for p in (str(Path.cwd()), *dirs):
+        if p not in sys.path: sys.path.append(p)
     for m in mods:
         if not isinstance(m, str): raise ConfigError(f"imports must be a list of module names, got {m!r}")
         try: importlib.import_module(m)
         except ImportError as e:
-            raise ConfigError(f"imports: can't import {m!r} ({type(e).__name__}: {e}); the current directory "
-                              "and the config's folder are searched, besides the installed packages") from e
+            raise ConfigError(f"imports: can't import {m!r} ({type(e).__name__}: {e}); searched: the installed "
+                              f"packages, the current directory, and import_dirs {dirs}") from e
 
 def _trainer_params(cls) -> tuple[dict, bool]:
     "The keyword arguments of trainer class `cls` (a subclass taking `**kwargs` passes them on to `Trainer`)."
@@ -307,7 +307,7 @@ def _check_run_dir(run_dir):
         raise ConfigError(f"run_dir {run_dir!r}: only {{name}} and {{time}} can be filled in ({type(e).__name__}: {e})") from None
     return run_dir
 
-# %% ../nbs/07_registry.ipynb #eff5282f
+# %% ../nbs/07_registry.ipynb #edc30d7e
 def resolve_config(cfg, overrides=()) -> dict:
     "The config `cfg` (a dict, or a file for `load_config`) with `overrides` applied, checked, its defaults filled in."
     base = None if isinstance(cfg, Mapping) else Path(cfg) if Path(cfg).is_dir() else Path(cfg).parent
@@ -317,7 +317,11 @@ def resolve_config(cfg, overrides=()) -> dict:
     c = {k: copy.deepcopy(cfg.get(k, d)) for k, d in DEFAULTS.items()}
     c['name'] = str(c['name'] or 'run')
     if isinstance(c['imports'], str): c['imports'] = [c['imports']]
-    _import_modules(c['imports'] or [], base)
+    if c['import_dirs'] is None: c['import_dirs'] = [] if base is None or not c['imports'] else [base]
+    if not isinstance(c['import_dirs'], list):
+        raise ConfigError(f"import_dirs must be a list of folders, got {c['import_dirs']!r}")
+    c['import_dirs'] = [str((Path(d) if base is None else base / d).resolve()) for d in c['import_dirs']]
+    _import_modules(c['imports'] or [], c['import_dirs'])
     if not isinstance(c['seed'], int): raise ConfigError(f"seed must be an int, got {c['seed']!r}")
     if not isinstance(c['trainer_type'], str):
         raise ConfigError(f"trainer_type must be the name of a registered trainer (its arguments go in trainer_args), "
