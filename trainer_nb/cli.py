@@ -139,7 +139,7 @@ def _parser() -> argparse.ArgumentParser:
                    help='exit with status 1 if the validation accuracy is below A (default: %(default)s)')
     return top
 
-# %% ../nbs/10_cli.ipynb #26277f8f
+# %% ../nbs/10_cli.ipynb #a8d71550
 def _train(a) -> int:
     run_training(a.config, a.overrides)
     return 0
@@ -162,9 +162,9 @@ def _describe(a) -> int:
         f"  optimizer: {piece(c['optimizer'])}\n  schedule:  {piece(c['schedule'])}\n"
         f"  fit:       {c['fit']['epochs']} epochs, lr {c['fit']['lr']}\n"
         f"  run_dir:   {c['run_dir']}\n")
-    table = t.describe_hooks()['hooks (order)']
-    width = max(len(e) for e in table.index)
-    say(f"{'event':<{width}}  hooks (order)", *(f"{e:<{width}}  {h}" for e, h in table.items()), sep='\n')
+    df = t.describe_hooks()
+    col, width = df.columns[0], max(len(str(e)) for e in df.index)
+    say(f"{df.index.name or 'event':<{width}}  {col}", *(f"{e:<{width}}  {h}" for e, h in df[col].items()), sep='\n')
     return 0
 
 def _demo(a) -> int:
