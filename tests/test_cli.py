@@ -76,7 +76,8 @@ def test_a_bad_override_is_one_paragraph_and_exit_1(work, override, says):
     r = run('train', work / 'cfg' / 'reg.yaml', override, cwd=work / 'work')
     assert r.returncode == 1
     (line,) = lines(r.stderr)
-    assert line.startswith('trainer-nb train: error: ') and says in line and line.endswith('(--debug shows the traceback)')
+    assert line.startswith('trainer-nb train: error: ') and says in line
+    assert line.endswith('(--debug shows the traceback)')
     assert r.stdout == '' and not (work / 'work' / 'runs').exists()
     d = run('train', work / 'cfg' / 'reg.yaml', override, '--debug', cwd=work / 'work')
     assert d.returncode == 1 and 'Traceback (most recent call last)' in d.stderr and says in lines(d.stderr)[-1]
@@ -98,7 +99,8 @@ def test_describe(work):
     out = r.stdout.splitlines()
     assert out[0] == 'Trainer on cpu (1 process)' and '  model:     regression_model (49 parameters)' in out
     assert '  optimizer: SGD momentum=0.9' in out and '  fit:       3 epochs, lr 0.05' in out
-    row = {l.split()[0]: l.split(None, 1)[1] for l in out[out.index(next(l for l in out if l.startswith('event'))) + 1:]}
+    head = next(i for i, l in enumerate(out) if l.startswith('event'))
+    row = {l.split()[0]: l.split(None, 1)[1] for l in out[head + 1:]}
     assert list(row) == ['before_fit', 'before_epoch', 'before_step', 'after_pred', 'after_loss', 'after_backward',
                          'after_step', 'before_valid', 'after_valid', 'after_epoch', 'after_cancel', 'after_fit']
     assert 'EarlyStopping (82)' in row['after_epoch'] and 'Checkpoint (85)' in row['after_epoch']
@@ -124,7 +126,8 @@ def test_train_writes_the_run_directory_and_refuses_to_overwrite_it(work):
     r = run('train', work / 'cfg' / 'reg.yaml', 'run_dir=runs/one', cwd=work / 'work')
     assert r.returncode == 0, r.stderr
     out = lines(r.stdout)
-    assert out[0] == 'run directory: runs/one' and out[-2].startswith('valid loss: ') and out[-1].startswith('valid mae: ')
+    assert out[0] == 'run directory: runs/one'
+    assert out[-2].startswith('valid loss: ') and out[-1].startswith('valid mae: ')
     assert 'wrote history.csv, loss_lr.png in runs/one' in out
     run_dir = work / 'work' / 'runs' / 'one'
     assert {'config.json', 'history.csv', 'loss_lr.png', 'metrics.jsonl', 'best.json', 'step-00000024'} <= \

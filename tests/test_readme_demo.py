@@ -64,7 +64,8 @@ def test_demo_prints_its_config():
     import yaml
     from trainer_nb.demo import demo_config
     exe = Path(sys.executable).parent / 'trainer-nb'
-    r = subprocess.run([str(exe), 'demo', '--print-config', 'fit.epochs=2'], capture_output=True, text=True, timeout=120)
+    r = subprocess.run([str(exe), 'demo', '--print-config', 'fit.epochs=2'], capture_output=True, text=True,
+                       timeout=120)
     assert r.returncode == 0 and yaml.safe_load(r.stdout) == {**demo_config(), 'fit': {'epochs': 2, 'lr': 'find'}}
 
 

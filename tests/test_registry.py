@@ -1,5 +1,6 @@
-"""Registries and trainers built from a config: look-ups and their errors, every config field checked (with the closest
-valid name in the error), overrides, a user's own modules, Trainer subclasses, and `trainer.config` rebuilding the run."""
+"""Registries and trainers built from a config: look-ups and their errors, every config field checked (with the
+closest valid name in the error), overrides, a user's own modules, Trainer subclasses, `trainer.config` rebuilding
+the run."""
 import json
 import textwrap
 import warnings
@@ -148,7 +149,8 @@ def test_overrides_are_yaml_and_reach_into_pieces_and_lists():
 
 def test_yaml_numbers_like_1e_3_are_floats(tmp_path):
     f = tmp_path / 'c.yaml'
-    f.write_text('model: digits_model\ndata: digits_dls\nfit: {lr: 3e-3, epochs: 2}\noptimizer: {type: SGD, momentum: 9E-1}\n')
+    f.write_text('model: digits_model\ndata: digits_dls\nfit: {lr: 3e-3, epochs: 2}\n'
+                 'optimizer: {type: SGD, momentum: 9E-1}\n')
     c = resolve_config(f)
     assert c['fit']['lr'] == 0.003 and c['optimizer']['momentum'] == 0.9 and c['name'] == 'c'
 
@@ -237,7 +239,8 @@ def test_a_registered_trainer_subclass_gets_the_trainer_arguments():
     t = build_trainer(BASE, ['trainer_type=RecordingTrainer', 'trainer_args.tag=mine', 'trainer_args.max_grad_norm=2',
                              'schedule=one_cycle'])
     assert type(t) is RecordingTrainer and seen['tag'] == 'mine' and t.max_grad_norm == 2
-    assert {'loss_func', 'opt_func', 'lr', 'metrics', 'hooks', 'scheduler', 'max_grad_norm', 'default_hooks'} <= set(seen)
+    given = {'loss_func', 'opt_func', 'lr', 'metrics', 'hooks', 'scheduler', 'max_grad_norm', 'default_hooks'}
+    assert given <= set(seen)
     assert seen['lr'] == 0.005 and seen['opt_func'] is torch.optim.AdamW
     assert "(did you mean 'tag'?)" in config_error(BASE, ['trainer_type=RecordingTrainer', 'trainer_args.tga=1'])
     assert "(did you mean 'grad_accum'?)" in config_error(BASE, ['trainer_type=RecordingTrainer',

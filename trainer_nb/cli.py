@@ -40,9 +40,9 @@ def _check_fresh(trainer):
     msg = _main_says(trainer, msg)
     if msg: raise ConfigError(msg)
 
-# %% ../nbs/10_cli.ipynb #090a441d
+# %% ../nbs/10_cli.ipynb #3ba9fccc
 def save_curves(trainer: Trainer, path) -> Path:
-    "The training loss and the learning rate per step (from the trainer's `Recorder`), side by side, saved as a PNG to `path`."
+    "The training loss and the learning rate per step (the trainer's `Recorder`), side by side, as a PNG at `path`."
     from matplotlib.figure import Figure
     rec = trainer.get_hook(Recorder)
     fig = Figure(figsize=(10, 3.5), dpi=100, layout='constrained')
@@ -60,11 +60,11 @@ def _save_outputs(trainer: Trainer, run_dir: Path) -> list[str]:
     save_curves(trainer, run_dir / 'loss_lr.png')
     return ['history.csv', 'loss_lr.png']
 
-# %% ../nbs/10_cli.ipynb #00af21a1
+# %% ../nbs/10_cli.ipynb #104bc3eb
 def _fmt(v) -> str: return f"{v:.4f}" if isinstance(v, float) else str(v)
 
 def _find_lr(trainer: Trainer, say, run_dir: Path | None, plot=None):
-    "Run the LR finder as the config says (the trainer's LR is then its suggestion); print it; save its plot. Returns the LR."
+    "Run the LR finder as the config says (the trainer's LR becomes its suggestion), print and plot it; return it."
     args = dict(trainer.config['lr_find'])
     which = args.pop('suggestion', None)
     res = trainer.lr_find(show=False, **args)
@@ -103,7 +103,7 @@ def run_training(cfg, overrides=()) -> tuple[Trainer, dict]:
     for k, v in res.items(): say(f"valid {'loss' if k == 'valid_loss' else k}: {_fmt(v)}")
     return t, res
 
-# %% ../nbs/10_cli.ipynb #f0698804
+# %% ../nbs/10_cli.ipynb #8e46a5b0
 class _Parser(argparse.ArgumentParser):
     "Usage errors exit with status 1, as every other error does."
     def error(self, message):
@@ -121,7 +121,8 @@ def _parser() -> argparse.ArgumentParser:
     top.add_argument('--debug', action='store_true', help='show the traceback of a config error')
     sub = top.add_subparsers(dest='command', metavar='COMMAND', parser_class=_Parser)
     debug = _Parser(add_help=False)
-    debug.add_argument('--debug', action='store_true', default=argparse.SUPPRESS, help='show the traceback of a config error')
+    debug.add_argument('--debug', action='store_true', default=argparse.SUPPRESS,
+                       help='show the traceback of a config error')
     for name, what in (('train', 'find the LR (fit.lr: find), fit, evaluate; write the run directory'),
                        ('lr-find', "print the LR finder's suggestions and save its plot"),
                        ('describe', 'show the trainer a config makes, and the hooks that run at each event')):
@@ -134,7 +135,8 @@ def _parser() -> argparse.ArgumentParser:
                        description='The digits demo: LR finder, one-cycle fit, evaluation; its last line is '
                                    '"valid accuracy: A".')
     p.add_argument('overrides', nargs='*', metavar='KEY=VALUE', help=_OVERRIDES)
-    p.add_argument('--print-config', action='store_true', help="print the demo's config as YAML (a file to start from), and stop")
+    p.add_argument('--print-config', action='store_true',
+                   help="print the demo's config as YAML (a file to start from), and stop")
     p.add_argument('--min-accuracy', type=float, default=0.95, metavar='A',
                    help='exit with status 1 if the validation accuracy is below A (default: %(default)s)')
     return top
@@ -181,7 +183,7 @@ def _demo(a) -> int:
 
 _COMMANDS = {'train': _train, 'lr-find': _lr_find, 'describe': _describe, 'demo': _demo}
 
-# %% ../nbs/10_cli.ipynb #0298e1e1
+# %% ../nbs/10_cli.ipynb #e10523d2
 def _exit_on_sigterm(signum, frame): raise SystemExit(128 + signum)
 
 def _handle_sigterm():
@@ -192,7 +194,7 @@ def _handle_sigterm():
     return lambda: signal.signal(signal.SIGTERM, signal.SIG_DFL)
 
 def main(argv=None) -> int:
-    "The `trainer-nb` command (`python -m trainer_nb` too): runs the command in `argv` (default: `sys.argv[1:]`), returns the exit status."
+    "The `trainer-nb` command (and `python -m trainer_nb`): runs `argv` (default: `sys.argv[1:]`), returns its status."
     p = _parser()
     a = p.parse_args(argv)
     if a.command is None:
