@@ -10,7 +10,7 @@ BIN := $(VENV)/bin
 .PHONY: demo test test-nbs test-py install readme docs clean
 
 demo: $(VENV)/.installed
-	$(BIN)/trainer_nb_demo
+	$(BIN)/trainer-nb demo
 
 test: test-nbs test-py
 

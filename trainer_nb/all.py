@@ -13,6 +13,8 @@ from .progress import *
 from .liveplot import *
 from .lr_find import *
 from .checkpoint import *
+from .registry import *
+from .cli import *
 # a new module: add its `from trainer_nb.module import *` line above
 
 # %% ../nbs/09_all.ipynb #43572147

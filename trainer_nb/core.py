@@ -90,7 +90,7 @@ class StepState:
     def load_state_dict(self, d: dict):
         for k, v in d.items(): setattr(self, k, v)
 
-# %% ../nbs/00_core.ipynb #83ac1cff
+# %% ../nbs/00_core.ipynb #7a08df6f
 def _stack(ts: list) -> torch.Tensor:
     "Losses as one float32 CPU tensor (one transfer); `None` (a batch with no loss) becomes NaN."
     if any(t is None for t in ts):
@@ -399,7 +399,7 @@ def _call_all(t, event):
             else: _annotate(first, f"hook {name} at event {event!r} then raised {type(err).__name__}: {err}")
     if first is not None: raise first
 
-# %% ../nbs/00_core.ipynb #93e5e7db
+# %% ../nbs/00_core.ipynb #4f3c5dd7
 def _forward_fn(t):
     "This fit's `forward(batch) -> loss` (hooks may replace `trainer.batch`, `.preds` and `.loss` at their events)."
     call, model, train_step, loss_func = _call, t.model, t.train_step, t.loss_func
@@ -563,7 +563,7 @@ class _Epoch:
         if rng is not None: set_rng_state(rng, dl)   # the random numbers as they were after the last batch done
         return loader, itertools.chain(first, it)
 
-# %% ../nbs/00_core.ipynb #2c82e2a3
+# %% ../nbs/00_core.ipynb #b899de70
 def _check_fit(t, epochs):
     if not (isinstance(epochs, int) and epochs >= 0): raise ValueError(f"epochs must be an int >= 0, got {epochs!r}")
     if t.train_dl is None: raise ValueError("No train_dl: pass one to the Trainer (or set trainer.train_dl)")
@@ -717,7 +717,7 @@ def _plain(v):
     if isinstance(v, (torch.Tensor, np.ndarray, np.generic)): return v.item() if v.ndim == 0 else v.tolist()
     return v
 
-# %% ../nbs/00_core.ipynb #7cbf914a
+# %% ../nbs/00_core.ipynb #92645643
 def _run_eval(t, dl, keep_preds: bool):
     "Mean loss, sample count and (optionally) gathered preds/targets over `dl`."
     if dl is None: raise ValueError("No dataloader to evaluate on: pass one, or give the Trainer a valid_dl")
@@ -778,7 +778,7 @@ class _Eval:
         _, preds, targets = _run_eval(self, dl, keep_preds=True)
         return preds, targets
 
-# %% ../nbs/00_core.ipynb #3745bf6b
+# %% ../nbs/00_core.ipynb #08263377
 _LOADER_COUNTERS = ('iteration', 'epoch', 'end_of_dataloader', 'remainder')
 
 def _loader_counters(dl) -> list:
@@ -825,7 +825,7 @@ class _Rewind:
         for o, counters in self.counters:
             for k, v in counters.items(): setattr(o, k, v)
 
-# %% ../nbs/00_core.ipynb #1ac5e73f
+# %% ../nbs/00_core.ipynb #916faed4
 class _State:
     "The trainer's state: its base LR, saving and loading it, and changing it for the length of a block."
     @property
@@ -889,7 +889,7 @@ class _State:
             for k, v in old.items(): setattr(self, k, v)
             if snap is not None: snap.restore()
 
-# %% ../nbs/00_core.ipynb #a85860f9
+# %% ../nbs/00_core.ipynb #32930820
 class _Shortcuts:
     "Fitting with a schedule, finding a learning rate, the history: thin methods over the modules that hold them."
     def fit_one_cycle(self, epochs: int, lr_max: float | None = None, pct_start: float = 0.25, div: float = 25.,
@@ -926,6 +926,13 @@ class _Shortcuts:
         return lr_find(self, start_lr=start_lr, end_lr=end_lr, num_it=num_it, beta=beta, div=div, show=show,
                        suggest_funcs=suggest_funcs)
 
+    @classmethod
+    def from_config(cls, cfg, overrides=()):
+        """A ready trainer from `cfg` (a dict, a YAML file or a run directory) and `key.sub=value` overrides: see
+        `trainer_nb.registry.build_trainer` (the class built is the config's `trainer_type`). Its `config` rebuilds it."""
+        from trainer_nb.registry import build_trainer
+        return build_trainer(cfg, overrides)
+
     @property
     def history(self):
         "One row per epoch (a `pandas.DataFrame`), kept by the `Recorder` hook (a default hook)."
@@ -935,7 +942,7 @@ class _Shortcuts:
                               f"{[h.name for h in self.hooks]}); add one trainer_nb.recorder.Recorder")
         return keepers[0].history
 
-# %% ../nbs/00_core.ipynb #e02b3e27
+# %% ../nbs/00_core.ipynb #d12c1289
 def _check_args(model, mixed_precision, grad_accum, nan_policy, lr, metrics):
     "Refuse arguments the trainer can't work with, saying what it needs."
     if not isinstance(model, torch.nn.Module): raise TypeError(f"model must be a torch.nn.Module, got {type(model).__name__}")
@@ -1032,6 +1039,7 @@ class Trainer(_Hooks, _Epoch, _Fit, _Eval, _State, _Shortcuts):
         self.state, self.losses, self.hooks, self.fitting = StepState(), LossLog(), [], False
         self.batch = self.preds = self.loss = self.out = None
         self.valid_results, self.epoch_results, self.cancelled, self.eval_samples = {}, {}, None, None
+        self.config = None   # the config that rebuilds this trainer, when `from_config` made it
         self.add_hooks(*[_load(h)() for h in (type(self).default_hooks if default_hooks else [])], *hooks)
 
     @property
