@@ -82,7 +82,7 @@ def suggest(lrs, losses, methods=tuple(SUGGESTIONS)) -> dict[str, float]:
 # %% ../nbs/05_lr_find.ipynb #ebb9ff45
 START_CUT = 0.05   # the first 5% of a sweep's points (at least 2) are start-up: left out of the reading
 NOISE_Z = 5.0      # a descent counts when its drop exceeds this many times the noise of the smoothed curve
-MIN_READ = 10      # fewer points than this between 10x the start LR and the divergence: no reliable suggestion
+MIN_READ = 15      # fewer points than this between 10x the start LR and the divergence: no reliable suggestion
 
 def _noise(y) -> float:
     "The per-point noise of `y` (a standard deviation): the median absolute deviation of its second differences."
@@ -154,12 +154,14 @@ def read_sweep(lrs, raw_losses) -> SweepReading:
     reason = ''
     if len(y) - first < MIN_READ:
         reason = (f"too few points: {max(len(y) - first, 0)} between 10x the start LR and "
-                  + ("the divergence" if diverged else "the end of the sweep") + f" (at least {MIN_READ} are needed)")
+                  + ("the divergence" if diverged else "the end of the sweep") + f" (at least {MIN_READ} are needed); raise num_it "
+                  "(the dataloader is cycled through as often as the sweep needs), or lower start_lr")
     elif drop <= max(NOISE_Z * noise, tiny):
         reason = (f"no sustained descent: the smoothed loss falls by {drop:.3g} at most, within "
-                  f"{NOISE_Z:g}x its noise ({noise:.2g})")
+                  f"{NOISE_Z:g}x its noise ({noise:.2g}); check that the model learns at all, and with a very noisy "
+                  "loss raise num_it or the batch size")
     elif bottom == len(y) - 1 and diverged is None:
-        reason = "the loss was still falling at the end of the sweep"
+        reason = "the loss was still falling at the end of the sweep; raise end_lr"
     return SweepReading(10 ** x, s, first, w, noise, top, bottom, diverged, not reason, reason)
 
 # %% ../nbs/05_lr_find.ipynb #73253b88
