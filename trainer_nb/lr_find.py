@@ -108,6 +108,7 @@ class SweepReading:
     noise: float              # noise of the smoothed curve (standard deviation)
     top: int                  # the main descent: its highest point (index in `lrs`) ...
     bottom: int               # ... and its lowest point, the minimum of the smoothed curve from `first` on
+    z: float                  # the drop in units of the smoothed curve's noise (of log(loss) when every loss is > 0)
     diverged: float | None    # the first LR at which the loss was clearly back above its start level (None: never)
     reliable: bool
     reason: str = ''          # why the reading is not reliable ('' when it is)
@@ -151,18 +152,23 @@ def read_sweep(lrs, raw_losses) -> SweepReading:
     top = f + int(np.argmax(s[f:bottom + 1]))
     drop = float(s[top] - s[bottom])
     tiny = 1e-8 * max(1.0, float(np.abs(s).max()))
+    z = drop / noise if noise > 0 else (math.inf if drop > tiny else 0.0)
+    if (y > 0).all():   # a batch's noise grows with the loss: judge the drop on log(loss), where the noise is even
+        ly = np.log(y)
+        ls, lnoise = _smooth(ly, w), 1.25 * _noise(ly) / math.sqrt(w)
+        z = float(ls[top] - ls[bottom]) / lnoise if lnoise > 0 else z
     reason = ''
     if len(y) - first < MIN_READ:
         reason = (f"too few points: {max(len(y) - first, 0)} between 10x the start LR and "
                   + ("the divergence" if diverged else "the end of the sweep") + f" (at least {MIN_READ} are needed); raise num_it "
                   "(the dataloader is cycled through as often as the sweep needs), or lower start_lr")
-    elif drop <= max(NOISE_Z * noise, tiny):
-        reason = (f"no sustained descent: the smoothed loss falls by {drop:.3g} at most, within "
-                  f"{NOISE_Z:g}x its noise ({noise:.2g}); check that the model learns at all, and with a very noisy "
-                  "loss raise num_it or the batch size")
+    elif drop <= tiny or z <= NOISE_Z:
+        reason = (f"no sustained descent: the smoothed loss falls by {drop:.3g} at most, {z:.1f}x its noise "
+                  f"({NOISE_Z:g}x needed); check that the model learns at all, and with a very noisy loss raise num_it "
+                  "or the batch size")
     elif bottom == len(y) - 1 and diverged is None:
         reason = "the loss was still falling at the end of the sweep; raise end_lr"
-    return SweepReading(10 ** x, s, first, w, noise, top, bottom, diverged, not reason, reason)
+    return SweepReading(10 ** x, s, first, w, noise, top, bottom, z, diverged, not reason, reason)
 
 # %% ../nbs/05_lr_find.ipynb #73253b88
 READ_VALLEY = (0.8, 0.95)   # `valley` on a read sweep: the middle of 80%..95% of the main descent
@@ -382,7 +388,7 @@ class LRFindResult:
             return f"No reliable suggestion: {self.reason}." + (fb if self.fallback is not None else '')
         if r is None: return ''
         return (f"Reliable: the smoothed loss falls from {r.losses[r.top]:.4g} to {r.losses[r.bottom]:.4g} between "
-                f"{r.lrs[r.top]:.1e} and {r.lrs[r.bottom]:.1e} ({r.drop / r.noise if r.noise else math.inf:.0f}x its noise).")
+                f"{r.lrs[r.top]:.1e} and {r.lrs[r.bottom]:.1e} ({r.z:.0f}x its noise).")
 
     def summary(self) -> str:
         "The suggestions as a few lines of text, with the verdict on the curve."
