@@ -25,7 +25,8 @@ the fastest of REPEATS runs, on one thread).
 
 fastai's fastcore conflicts with nbdev 2's pins, so fastai lives in a second virtual environment (git-ignored), with
 the same CPU torch and trainer_nb; fastai's lr_find needs neither torchvision nor spacy, so they are left out:
-    python3 -m venv .venv-fastai && .venv-fastai/bin/pip install torch==2.13.0 -e . scikit-learn fastcore fasttransform fastprogress fastdownload plum-dispatch scipy pyyaml pillow cloudpickle requests packaging
+    python3 -m venv .venv-fastai && .venv-fastai/bin/pip install torch==2.13.0 -e . scikit-learn fastcore \
+        fasttransform fastprogress fastdownload plum-dispatch scipy pyyaml pillow cloudpickle requests packaging
     .venv-fastai/bin/pip install --no-deps fastai
 """
 import importlib.util, math, sys, tempfile, time, warnings

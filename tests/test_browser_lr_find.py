@@ -62,8 +62,8 @@ def test_lr_find_widget_slider_and_apply(tmp_path):
             run_cell(page, 0)
             run_cell(page, 1)
             outs = wait_for_text(page, 'START', cell=1)
-            lr0, start, early, reliable = re.search(rf'LR0 {FLOAT} START {FLOAT} EARLY (True|False) RELIABLE (True|False)',
-                                                    outs[1]).groups()
+            pattern = rf'LR0 {FLOAT} START {FLOAT} EARLY (True|False) RELIABLE (True|False)'
+            lr0, start, early, reliable = re.search(pattern, outs[1]).groups()
             lr0, start = float(lr0), float(start)
 
             img = page.locator('.tnb-lr-find img')

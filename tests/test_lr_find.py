@@ -581,7 +581,8 @@ def issue_trainer(kind, seed=0):
         model = nn.Sequential(nn.Linear(10, 32), nn.ReLU(), nn.Dropout(0.2), nn.Linear(32, 2))
         loss, bs, n = F.cross_entropy, 32, (512 if kind == 'classifier' else 96)
     return Trainer(model, DataLoader(TensorDataset(x[:n], y[:n]), batch_size=bs, shuffle=True),
-                   DataLoader(TensorDataset(x[n:], y[n:]), batch_size=128), loss_func=loss, default_hooks=False, cpu=True)
+                   DataLoader(TensorDataset(x[n:], y[n:]), batch_size=128), loss_func=loss, default_hooks=False,
+                   cpu=True)
 
 
 def check_bounds(res):

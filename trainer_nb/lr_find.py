@@ -159,9 +159,10 @@ def read_sweep(lrs, raw_losses) -> SweepReading:
         z = float(ls[top] - ls[bottom]) / lnoise if lnoise > 0 else z
     reason = ''
     if len(y) - first < MIN_READ:
-        reason = (f"too few points: {max(len(y) - first, 0)} between 10x the start LR and "
-                  + ("the divergence" if diverged else "the end of the sweep") + f" (at least {MIN_READ} are needed); raise num_it "
-                  "(the dataloader is cycled through as often as the sweep needs), or lower start_lr")
+        end = "the divergence" if diverged else "the end of the sweep"
+        reason = (f"too few points: {max(len(y) - first, 0)} between 10x the start LR and {end} (at least {MIN_READ} "
+                  "are needed); raise num_it (the dataloader is cycled through as often as the sweep needs), or lower "
+                  "start_lr")
     elif drop <= tiny or z <= NOISE_Z:
         reason = (f"no sustained descent: the smoothed loss falls by {drop:.3g} at most, {z:.1f}x its noise "
                   f"({NOISE_Z:g}x needed); check that the model learns at all, and with a very noisy loss raise num_it "
@@ -524,7 +525,7 @@ def _in_notebook() -> bool:
 def _read_into(res: LRFindResult, methods):
     "Fill `res`'s reading, suggestions, verdict and fallback from its raw losses (your own rules read `res.losses`)."
     r = read_sweep(res.lrs, res.raw_losses)
-    if isinstance(methods, dict): sugg, fallback = suggest(res.lrs, res.losses, methods), suggest_sweep(r, ())[1]
+    if isinstance(methods, dict): sugg, fallback = suggest(res.lrs, res.losses, methods), None   # yours: no fallback
     else: sugg, fallback = suggest_sweep(r, methods)
     res.suggestions, res.reading, res.reliable, res.reason, res.fallback = sugg, r, r.reliable, r.reason, fallback
 
