@@ -729,3 +729,12 @@ def test_noise_alone_is_not_a_descent(seed):
 def test_a_descent_cut_by_the_end_of_the_sweep_is_not_reliable():
     r = read_sweep(LRS[:50], sweep_curve(-4)[:50] - 0.05 * X[:50])   # still falling at 1e-3, where the sweep ends
     assert not r.reliable and 'still falling' in r.reason and 'raise end_lr' in r.reason
+
+
+def test_own_rules_stay_the_default_on_an_unreliable_sweep():
+    t = make(loss_func=scripted([1.0] * 50)); seed_all()
+    with pytest.warns(LRFindWarning, match='No reliable suggestion: no sustained descent') as caught:
+        res = t.lr_find(show=False, num_it=50, suggest_funcs={'mine': lambda lrs, losses: 3e-4})
+    assert 'fallback' not in str(caught[0].message)
+    assert not res.reliable and res.fallback is None and res.default == 'mine' and list(res.choices) == ['mine']
+    assert res.apply() == 3e-4 == t.lr and 'fallback' not in res.summary()

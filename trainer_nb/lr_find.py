@@ -385,8 +385,9 @@ class LRFindResult:
         "One line: is the curve to be trusted, and why (or why not)."
         r = self.reading
         if not self.reliable:
-            fb = f" The default is the fallback {self.fallback:.2e}: a tenth of the largest LR before the loss rises."
-            return f"No reliable suggestion: {self.reason}." + (fb if self.fallback is not None else '')
+            if self.fallback is None: return f"No reliable suggestion: {self.reason}."
+            return (f"No reliable suggestion: {self.reason}. The default is the fallback {self.fallback:.2e}: "
+                    "a tenth of the largest LR before the loss rises.")
         if r is None: return ''
         return (f"Reliable: the smoothed loss falls from {r.losses[r.top]:.4g} to {r.losses[r.bottom]:.4g} between "
                 f"{r.lrs[r.top]:.1e} and {r.lrs[r.bottom]:.1e} ({r.z:.0f}x its noise).")
