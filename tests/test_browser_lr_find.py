@@ -1,5 +1,6 @@
-"""The interactive LR finder as a user drives it: in a real JupyterLab (headless Chromium), drag the LR slider, see the
-dashed line move in the plot, click "Use this LR", and find that LR in `trainer.lr` in the next cell."""
+"""The interactive LR finder as a user drives it: in a real JupyterLab (headless Chromium), read the verdict on the sweep
+under the plot, drag the LR slider, see the dashed line move in the plot, click "Use this LR", and find that LR in
+`trainer.lr` in the next cell."""
 import base64, io, math, re, time
 
 import numpy as np
@@ -22,7 +23,7 @@ trainer = Trainer(nn.Sequential(nn.Linear(8, 32), nn.ReLU(), nn.Linear(32, 1)),
                   loss_func=F.mse_loss, lr=1e-3, cpu=True, default_hooks=False)
 res = trainer.lr_find()
 start = res.widget.slider.value
-print('LR0', repr(trainer.lr), 'START', repr(start), 'EARLY', len(res.lrs) < 100)""",
+print('LR0', repr(trainer.lr), 'START', repr(start), 'EARLY', len(res.lrs) < 100, 'RELIABLE', res.reliable)""",
 # where the figure puts the line for the first and the chosen LR (pixels from the left, as in the PNG)
 """\
 ax = res.widget.fig.axes[0]
@@ -61,13 +62,16 @@ def test_lr_find_widget_slider_and_apply(tmp_path):
             run_cell(page, 0)
             run_cell(page, 1)
             outs = wait_for_text(page, 'START', cell=1)
-            lr0, start, early = re.search(rf'LR0 {FLOAT} START {FLOAT} EARLY (True|False)', outs[1]).groups()
+            pattern = rf'LR0 {FLOAT} START {FLOAT} EARLY (True|False) RELIABLE (True|False)'
+            lr0, start, early, reliable = re.search(pattern, outs[1]).groups()
             lr0, start = float(lr0), float(start)
 
             img = page.locator('.tnb-lr-find img')
             readout = page.locator('.tnb-lr-slider .widget-readout')
             img.scroll_into_view_if_needed()
             readout0, src0, png0 = readout.inner_text().strip(), img.get_attribute('src'), _shown_png(img)
+            state = page.locator('.tnb-lr-state')
+            state_text, state_classes = state.inner_text().strip(), state.get_attribute('class')
             # the slider shows the suggestion it starts at, to within one of its steps (0.01 decade)
             assert abs(math.log10(float(readout0) / start)) <= 0.011, (readout0, start)
 
@@ -112,6 +116,11 @@ def test_lr_find_widget_slider_and_apply(tmp_path):
     assert early == 'True' and 'lr_find' not in texts[1], texts[1]
     lr, slider_value, same, x_start, x_lr = m.groups()
     lr, slider_value, x_start, x_lr = float(lr), float(slider_value), float(x_start), float(x_lr)
+
+    # under the plot, the verdict on the sweep: this regression's descent is clear
+    assert reliable == 'True'
+    assert state_text.startswith('Reliable: the smoothed loss falls from'), state_text
+    assert 'tnb-lr-reliable' in state_classes and 'tnb-lr-unreliable' not in state_classes
 
     # the browser's slider moved, and the button put exactly the slider's value into trainer.lr
     assert readout1 != readout0

@@ -1,7 +1,7 @@
 """lr_find: exact restore (also after an interrupt or an error, with optimizer state; fp16 + CUDA on a GPU), the stop
 rule, suggestions, param groups, apply, gradient accumulation + bf16, terminal output and plot file, the widget's
 controls, nothing written to the working directory by two finders side by side, and a real 2-process run."""
-import hashlib, json, math, os, random, socket, subprocess, sys, textwrap
+import hashlib, json, math, os, random, socket, subprocess, sys, textwrap, warnings
 from pathlib import Path
 
 import numpy as np
@@ -12,8 +12,8 @@ from torch import nn
 from torch.utils.data import DataLoader, TensorDataset
 
 from trainer_nb.core import Trainer, Hook, LossLog
-from trainer_nb.lr_find import (LRFindResult, MIN_POINTS, suggest, suggest_valley, suggest_steep, suggest_minimum,
-                                suggest_slide)
+from trainer_nb.lr_find import (LRFindResult, LRFindWarning, MIN_POINTS, read_sweep, suggest, suggest_sweep,
+                                suggest_valley, suggest_steep, suggest_minimum, suggest_slide)
 
 pytestmark = pytest.mark.usefixtures('fresh_accelerate')
 ROOT = Path(__file__).resolve().parents[1]
@@ -562,3 +562,179 @@ def test_fp16_scaler_and_cuda_rng_are_restored(epochs_before):
     if epochs_before: ref.fit(epochs_before)
     ref.fit(1)
     assert same(weights(t), weights(ref))
+
+
+# ---------------------------------------------------------------- robust reading: the collapses of a naive reading
+
+
+def issue_trainer(kind, seed=0):
+    "The three problems on which the previous rules collapsed: a noisy regression, a shuffled classifier, a 3-batch loader."
+    g = torch.Generator().manual_seed(seed)
+    torch.manual_seed(seed)
+    if kind == 'regression':   # 512 samples, batch 16, MSE
+        x = torch.randn(640, 8, generator=g)
+        y = x @ torch.randn(8, 1, generator=g) + 0.1 * torch.randn(640, 1, generator=g)
+        model, loss, bs, n = nn.Sequential(nn.Linear(8, 32), nn.ReLU(), nn.Linear(32, 1)), F.mse_loss, 16, 512
+    else:                      # 512 samples, batch 32, shuffled; or 3 batches of 32
+        x = torch.randn(640, 10, generator=g)
+        y = (x[:, :3].sum(1) > 0).long()
+        model = nn.Sequential(nn.Linear(10, 32), nn.ReLU(), nn.Dropout(0.2), nn.Linear(32, 2))
+        loss, bs, n = F.cross_entropy, 32, (512 if kind == 'classifier' else 96)
+    return Trainer(model, DataLoader(TensorDataset(x[:n], y[:n]), batch_size=bs, shuffle=True),
+                   DataLoader(TensorDataset(x[n:], y[n:]), batch_size=128), loss_func=loss, default_hooks=False,
+                   cpu=True)
+
+
+def check_bounds(res):
+    "Every pick is at least 10x the sweep's start and below the divergence (when the loss diverged)."
+    r = res.reading
+    for name, lr in res.choices.items():
+        assert lr >= 10 * res.lrs[0] * (1 - 1e-9), (name, lr)
+        if r.diverged is not None: assert lr < r.diverged, (name, lr, r.diverged)
+        assert lr <= r.lrs[-1] * (1 + 1e-9)
+
+
+@pytest.mark.parametrize('kind', ['regression', 'classifier', 'short'])
+def test_the_collapses_of_a_naive_reading_are_gone(kind):
+    """Before: steep and slide on start-up noise (1e-7, 2e-7), a valley in a flat stretch, every suggestion at or below
+    the sweep's start. Now: a reliable curve, every suggestion >= 10x the start, and the default trains well."""
+    t = issue_trainer(kind); seed_all()
+    before = t.evaluate()['valid_loss']
+    with warnings.catch_warnings():
+        warnings.simplefilter('error', LRFindWarning)    # a reliable sweep warns of nothing
+        res = t.lr_find(show=False)
+    assert res.reliable and res.reason == '' and res.default == 'valley' and res.fallback is not None
+    assert set(res.suggestions) == {'valley', 'steep', 'minimum', 'slide'}
+    check_bounds(res)
+    assert 1e-3 <= res.valley <= 0.5                       # where the loss clearly falls, not at 1e-7
+    if kind == 'short':
+        assert len(t.train_dl) == 3 and len(res.lrs) > 30  # the 3 batches are cycled through for the whole sweep
+    t.fit(5, lr=res.apply())
+    after = t.evaluate()['valid_loss']
+    assert after < (0.5 if kind == 'regression' else 0.6) * before, (before, after)
+
+
+def test_flat_curve_has_no_reliable_suggestion(capsys):
+    "A loss that does not move: lr_find says so in the result, a warning, summary(), the plot and the widget."
+    rng = np.random.default_rng(0)
+    t = make(loss_func=scripted(list(1.0 + 0.01 * rng.normal(size=100)))); seed_all()
+    with pytest.warns(LRFindWarning, match='No reliable suggestion: no sustained descent'):
+        res = t.lr_find(num_it=100, show=True)
+    out = capsys.readouterr().out
+    assert not res.reliable and 'no sustained descent' in res.reason
+    assert res.default == 'fallback' and list(res.choices) == ['valley', 'steep', 'minimum', 'slide', 'fallback']
+    check_bounds(res)
+    # the sweep never diverged: the fallback is a tenth of its last LR
+    assert res.stop_reason == 'done' and res.fallback == pytest.approx(res.lrs[-1] / 10)
+    assert res.apply() == res.fallback == t.lr
+    lines = res.summary().splitlines()
+    assert f"  fallback {res.fallback:.2e}  (default)" in lines and f"  valley   {res.valley:.2e}" in lines
+    assert any(l.startswith('No reliable suggestion: no sustained descent') for l in lines)
+    assert f"lr={res.fallback:.2e}" in lines[-1]
+    assert out.strip() == res.summary()                                         # what a terminal shows
+    assert 'not reliable' in repr(res)
+    ax = res.plot().axes[0]
+    assert 'No reliable suggestion' in ax.get_title()
+    marks = [l.get_label().split()[0] for l in ax.lines if l.get_marker() not in ('None', None, '')]
+    assert marks == list(res.choices)
+    w = res.widget
+    assert 'No reliable suggestion' in w.state.value and 'tnb-lr-unreliable' in w.state._dom_classes
+    assert w.slider.value == pytest.approx(res.fallback, rel=0.03)                # the slider starts at the fallback
+    assert [v for _, v in w.picks.options][-1] == 'fallback'
+    w.picks.value = 'valley'
+    w.picks.value = 'fallback'
+    assert w.slider.value == res.fallback
+    w.button.click()
+    assert t.lr == res.fallback
+
+
+def test_reliable_widget_and_summary_say_so():
+    t = issue_trainer('classifier'); seed_all()
+    res = t.lr_find(show=False)
+    assert res.verdict.startswith('Reliable: the smoothed loss falls from')
+    assert res.verdict in res.summary().splitlines()
+    w = res.widget
+    assert 'Reliable' in w.state.value and 'tnb-lr-reliable' in w.state._dom_classes
+    assert [v for _, v in w.picks.options] == ['valley', 'steep', 'minimum', 'slide']
+
+
+def test_widget_display_carries_a_static_plot_and_the_summary():
+    "Viewers without a widget manager (docs, GitHub, a reopened notebook) show the PNG and the text instead."
+    import base64
+    from IPython.core.formatters import format_display_data
+    t = make(); seed_all()
+    res = t.lr_find(show=False, num_it=40)
+    data, _ = format_display_data(res.widget)
+    assert data['application/vnd.jupyter.widget-view+json']['model_id'] == res.widget.box.model_id
+    png = base64.b64decode(data['image/png'])
+    assert png[:8] == b'\x89PNG\r\n\x1a\n' and len(png) > 10_000
+    assert data['text/plain'] == res.summary() and 'valley' in data['text/plain']
+
+
+def test_too_few_points_says_how_to_get_more():
+    t = make(); seed_all()
+    with pytest.warns(LRFindWarning, match='too few points.*raise num_it'):
+        res = t.lr_find(show=False, num_it=12)
+    assert not res.reliable and res.default == 'fallback'
+    check_bounds(res)
+
+
+def test_diverging_from_the_start_is_not_reliable():
+    t = make(); seed_all()
+    with pytest.warns(LRFindWarning, match='No reliable suggestion'):
+        res = t.lr_find(start_lr=1e-2, end_lr=1e8, num_it=100, show=False)
+    assert not res.reliable and res.fallback < res.reading.diverged
+
+
+# synthetic sweeps: 100 LRs from 1e-7 to 10, a descent centred at 10**c, a blow-up 2.5 decades above it
+def sweep_curve(c=-3.0, noise=0.0, seed=0, first=None, bumps=False, offset=0.0):
+    y = 2.3 - 2.0 / (1 + np.exp(-2.5 * (X - c))) + np.exp(2.0 * (X - c - 2.5)) + offset
+    y = y + noise * np.random.default_rng(seed).standard_t(3, len(X))   # heavy-tailed per-batch noise
+    if bumps: y[1:8] += np.array([0.8, -0.6, 0.9, -0.5, 0.7, 0.0, 0.4])
+    if first is not None: y[0] = first
+    return np.where(y > 20, np.nan, y)
+
+
+@pytest.mark.parametrize('c', [-5.0, -3.0, -1.5])
+@pytest.mark.parametrize('noise', [0.0, 0.1, 0.3])
+def test_reading_follows_the_descent_through_noise_and_start_up(c, noise):
+    "A low first loss and bumps at the start move nothing; the valley sits at the end of the descent."
+    for kw in ({}, {'first': 0.01, 'bumps': True}):
+        y = sweep_curve(c, noise, **kw)
+        r = read_sweep(LRS, y)
+        s, fallback = suggest_sweep(r)
+        assert r.reliable, (c, noise, kw, r.reason)
+        assert c < math.log10(s['valley']) < c + 1.6, (c, noise, kw, s)          # 90% of the sigmoid's drop: c + 0.9
+        assert all(v >= 10 * LRS[0] for v in [*s.values(), fallback])
+        assert all(v <= r.lrs[-1] for v in [*s.values(), fallback])
+        if r.diverged is not None: assert all(v < r.diverged for v in [*s.values(), fallback])
+
+
+def test_reading_of_negative_losses():
+    "Only differences of levels are used: shifting the loss below zero changes no suggestion."
+    pos, neg = read_sweep(LRS, sweep_curve(-3, 0.1)), read_sweep(LRS, sweep_curve(-3, 0.1, offset=-10))
+    assert neg.reliable and neg.losses.max() < 0
+    assert suggest_sweep(pos) == suggest_sweep(neg)
+
+
+@pytest.mark.parametrize('seed', range(5))
+def test_noise_alone_is_not_a_descent(seed):
+    flat = 1.0 + 0.05 * np.random.default_rng(seed).standard_t(3, len(LRS))
+    r = read_sweep(LRS, flat)
+    assert not r.reliable and 'no sustained descent' in r.reason
+    r = read_sweep(LRS, np.ones(len(LRS)))
+    assert not r.reliable and 'no sustained descent' in r.reason
+
+
+def test_a_descent_cut_by_the_end_of_the_sweep_is_not_reliable():
+    r = read_sweep(LRS[:50], sweep_curve(-4)[:50] - 0.05 * X[:50])   # still falling at 1e-3, where the sweep ends
+    assert not r.reliable and 'still falling' in r.reason and 'raise end_lr' in r.reason
+
+
+def test_own_rules_stay_the_default_on_an_unreliable_sweep():
+    t = make(loss_func=scripted([1.0] * 50)); seed_all()
+    with pytest.warns(LRFindWarning, match='No reliable suggestion: no sustained descent') as caught:
+        res = t.lr_find(show=False, num_it=50, suggest_funcs={'mine': lambda lrs, losses: 3e-4})
+    assert 'fallback' not in str(caught[0].message)
+    assert not res.reliable and res.fallback is None and res.default == 'mine' and list(res.choices) == ['mine']
+    assert res.apply() == 3e-4 == t.lr and 'fallback' not in res.summary()

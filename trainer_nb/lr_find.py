@@ -4,11 +4,12 @@
 
 # %% ../nbs/05_lr_find.ipynb #0f0a5506
 from __future__ import annotations
-import math, sys, time
+import math, sys, warnings
 from dataclasses import dataclass, field
 
 # %% auto #0
-__all__ = ['MIN_POINTS', 'SUGGESTIONS', 'suggest_minimum', 'suggest_steep', 'suggest_valley', 'suggest_slide', 'suggest',
+__all__ = ['MIN_POINTS', 'SUGGESTIONS', 'START_CUT', 'NOISE_Z', 'MIN_READ', 'READ_VALLEY', 'suggest_minimum', 'suggest_steep',
+           'suggest_valley', 'suggest_slide', 'suggest', 'SweepReading', 'read_sweep', 'suggest_sweep', 'LRFindWarning',
            'LRFindResult', 'LRFindWidget']
 
 # %% ../nbs/05_lr_find.ipynb #82eecdd7
@@ -78,6 +79,125 @@ def suggest(lrs, losses, methods=tuple(SUGGESTIONS)) -> dict[str, float]:
     items = methods.items() if isinstance(methods, dict) else [(m, SUGGESTIONS[m]) for m in methods]
     return {name: f(lrs, losses) for name, f in items}
 
+# %% ../nbs/05_lr_find.ipynb #ebb9ff45
+START_CUT = 0.05   # the first 5% of a sweep's points (at least 2) are start-up: left out of the reading
+NOISE_Z = 5.0      # a descent counts when its drop exceeds this many times the noise of the smoothed curve
+MIN_READ = 15      # fewer points than this between 10x the start LR and the divergence: no reliable suggestion
+
+def _noise(y) -> float:
+    "The per-point noise of `y` (a standard deviation): the median absolute deviation of its second differences."
+    if len(y) < 5: return 0.0
+    r = y[1:-1] - (y[:-2] + y[2:]) / 2   # a smooth trend cancels out; white noise of sd s leaves sd s * sqrt(1.5)
+    return float(1.4826 * np.median(np.abs(r - np.median(r))) / math.sqrt(1.5))
+
+def _smooth(y, w: int) -> np.ndarray:
+    "A centred running median of `w` points, then a centred running mean of `w` points (shorter at the ends)."
+    n, h = len(y), w // 2
+    med = np.array([np.median(y[max(0, i - h):i + h + 1]) for i in range(n)])
+    lo, hi = np.maximum(np.arange(n) - h, 0), np.minimum(np.arange(n) + h + 1, n)
+    c = np.concatenate([[0.0], np.cumsum(med)])
+    return (c[hi] - c[lo]) / (hi - lo)
+
+@dataclass
+class SweepReading:
+    "What `read_sweep` reads off a sweep: the curve the rules use, its main descent, and whether to trust it."
+    lrs: np.ndarray           # the LRs read: after the start-up points, before the divergence
+    losses: np.ndarray        # the smoothed loss at those LRs
+    first: int                # index in `lrs` of the first LR >= 10x the sweep's start: suggestions start there
+    window: int               # the smoothing window, in points
+    noise: float              # noise of the smoothed curve (standard deviation)
+    top: int                  # the main descent: its highest point (index in `lrs`) ...
+    bottom: int               # ... and its lowest point, the minimum of the smoothed curve from `first` on
+    z: float                  # the drop in units of the smoothed curve's noise (of log(loss) when every loss is > 0)
+    diverged: float | None    # the first LR at which the loss was clearly back above its start level (None: never)
+    reliable: bool
+    reason: str = ''          # why the reading is not reliable ('' when it is)
+
+    @property
+    def drop(self) -> float: return float(self.losses[self.top] - self.losses[self.bottom])
+
+    @property
+    def bounds(self) -> tuple[float, float]:
+        "`(lo, hi)`: every suggestion is clamped into it (10x the sweep's start; the last LR before the divergence)."
+        return float(self.lrs[self.first]) if self.first < len(self.lrs) else float(self.lrs[-1]), float(self.lrs[-1])
+
+# %% ../nbs/05_lr_find.ipynb #e423ea3d
+def read_sweep(lrs, raw_losses) -> SweepReading:
+    "Read the raw per-step losses of a sweep robustly: cut the start-up and the divergence, smooth by the noise."
+    x, y = _usable(lrs, raw_losses)
+    n, x0 = len(y), float(x[0])
+    ppd = (n - 1) / (x[-1] - x[0]) if x[-1] > x[0] else 1.0        # points per decade of LR
+    k = max(2, round(START_CUT * n)) if n >= 20 else 0
+    x, y = x[k:], y[k:]
+    # divergence: after its low point, the (5-point median) loss rises clearly above where it started
+    m5, sd = _smooth(y, 5), _noise(y)
+    start = float(np.median(y[:max(3, len(y) // 10)]))
+    j = int(np.argmin(m5))
+    up = np.nonzero(m5[j:] > start + 2 * sd)[0]
+    d = max(j + int(up[0]), MIN_POINTS) if len(up) else len(y)
+    diverged = float(10 ** x[d]) if d < len(y) else None
+    x, y = x[:d], y[:d]
+    # the window: long enough that the smoothed curve's noise is ~5% of the loss's range, within 0.4 to 1 decade
+    sd = _noise(y)
+    span = float(m5[:d].max() - m5[:d].min())
+    lo_w, hi_w = max(3, round(0.4 * ppd)), max(3, min(round(ppd), len(y) // 3))
+    w = math.ceil((sd / (0.05 * span)) ** 2) if span > 0 else lo_w
+    w = min(max(w, lo_w), hi_w)
+    w += 1 - w % 2
+    s = _smooth(y, w)
+    noise = 1.25 * sd / math.sqrt(w)   # the running median then mean of w points: about this noise
+    first = int(np.searchsorted(x, x0 + 1 - 1e-9))
+    f = first if len(y) - first >= MIN_POINTS else 0
+    bottom = f + int(np.argmin(s[f:]))
+    top = f + int(np.argmax(s[f:bottom + 1]))
+    drop = float(s[top] - s[bottom])
+    tiny = 1e-8 * max(1.0, float(np.abs(s).max()))
+    z = drop / noise if noise > 0 else (math.inf if drop > tiny else 0.0)
+    if (y > 0).all():   # a batch's noise grows with the loss: judge the drop on log(loss), where the noise is even
+        ly = np.log(y)
+        ls, lnoise = _smooth(ly, w), 1.25 * _noise(ly) / math.sqrt(w)
+        z = float(ls[top] - ls[bottom]) / lnoise if lnoise > 0 else z
+    reason = ''
+    if len(y) - first < MIN_READ:
+        end = "the divergence" if diverged else "the end of the sweep"
+        reason = (f"too few points: {max(len(y) - first, 0)} between 10x the start LR and {end} (at least {MIN_READ} "
+                  "are needed); raise num_it (the dataloader is cycled through as often as the sweep needs), or lower "
+                  "start_lr")
+    elif drop <= tiny or z <= NOISE_Z:
+        reason = (f"no sustained descent: the smoothed loss falls by {drop:.3g} at most, {z:.1f}x its noise "
+                  f"({NOISE_Z:g}x needed); check that the model learns at all, and with a very noisy loss raise num_it "
+                  "or the batch size")
+    elif bottom == len(y) - 1 and diverged is None:
+        reason = "the loss was still falling at the end of the sweep; raise end_lr"
+    return SweepReading(10 ** x, s, first, w, noise, top, bottom, z, diverged, not reason, reason)
+
+# %% ../nbs/05_lr_find.ipynb #73253b88
+READ_VALLEY = (0.8, 0.95)   # `valley` on a read sweep: the middle of 80%..95% of the main descent
+
+def _clamp(lr: float, bounds) -> float:
+    lo, hi = bounds
+    return float(min(max(lr, lo), hi))   # the upper bound wins when the loss already diverged within the first decade
+
+def _read_slide(r: SweepReading) -> float:
+    "From the top of the main descent, the last LR before the loss rises by more than its noise, divided by 10."
+    f = r.first if len(r.lrs) - r.first >= MIN_POINTS else 0
+    s = r.losses[r.top:]
+    tol = max(NOISE_Z * r.noise, 0.1 * r.drop, 1e-8 * max(1.0, float(np.abs(s).max())))
+    up = np.nonzero(s > np.minimum.accumulate(s) + tol)[0]
+    k = r.top + (int(up[0]) - 1 if len(up) else len(s) - 1)
+    return _clamp(r.lrs[max(k, f)] / 10, r.bounds)
+
+def suggest_sweep(reading: SweepReading, methods=tuple(SUGGESTIONS)) -> tuple[dict[str, float], float]:
+    "`(suggestions, fallback)`: the rules of `methods` on a `SweepReading`'s curve, each clamped into its `bounds`."
+    r = reading
+    f = r.first if len(r.lrs) - r.first >= MIN_POINTS else 0
+    lrs, s = r.lrs[f:], r.losses[f:]
+    rules = {'valley': lambda: suggest_valley(lrs, s, *READ_VALLEY), 'steep': lambda: suggest_steep(lrs, s),
+             'minimum': lambda: suggest_minimum(lrs, s), 'slide': lambda: _read_slide(r)}
+    unknown = [m for m in methods if m not in rules]
+    if unknown: raise ValueError(f"Unknown suggestion methods {unknown}: use {list(rules)}")
+    return {m: _clamp(rules[m](), r.bounds) for m in methods}, _read_slide(r)
+
 # %% ../nbs/05_lr_find.ipynb #407d5c78
 class _Sweep(Hook):
     "Private hook of `lr_find`: sets the LR each step, records the loss, decides when to stop."
@@ -123,76 +243,115 @@ class _Sweep(Hook):
     def after_epoch(self):
         if self.epoch_points == 0: self.stop = 'the dataloader yielded no full optimizer step'; raise CancelFit()
 
-# %% ../nbs/05_lr_find.ipynb #6feed016
+# %% ../nbs/05_lr_find.ipynb #fec702d5
 _MARKERS = {'valley': ('o', 'tab:red'), 'steep': ('v', 'tab:green'), 'minimum': ('s', 'tab:purple'),
-            'slide': ('D', 'tab:orange')}
+            'slide': ('D', 'tab:orange'), 'fallback': ('X', 'k')}
 
-@dataclass(repr=False)
-class LRFindResult:
-    "The LR sweep: `lrs`, smoothed `losses`, `raw_losses`, `suggestions`; `plot()`, `apply()`, `widget`."
-    lrs: list
-    losses: list
-    raw_losses: list
-    suggestions: dict
-    stop_reason: str = ''
-    trainer: object = None
-    _widget: object = field(default=None, init=False)
-
-    @property
-    def valley(self) -> float: return self.suggestions['valley']
-
-    def _lr(self, lr) -> float:
-        if lr is None: lr = next(iter(self.suggestions)) if 'valley' not in self.suggestions else 'valley'
-        if isinstance(lr, str):
-            if lr not in self.suggestions: raise KeyError(f"No suggestion {lr!r}; there are {list(self.suggestions)}")
-            lr = self.suggestions[lr]
-        return float(lr)
-
-    def apply(self, lr: float | str | None = None) -> float:
-        "Set `trainer.lr` to `lr` (a number, a suggestion's name, or the valley by default), so that the next `fit` uses it."
-        if self.trainer is None: raise ValueError("This result is not tied to a trainer")
-        lr = self._lr(lr)
-        self.trainer.lr = lr
-        return lr
-
+class _ResultPlot:
+    "Drawing an `LRFindResult` (its base class)."
     def plot(self, path=None, lr: float | None = None, dpi: int = 100):
         "The loss against the LR (log scale) with the suggestions; saved to `path` if given. Returns the `Figure`."
         from matplotlib.figure import Figure
         fig = Figure(figsize=(6.4, 4.0), dpi=dpi, layout='constrained')
         ax = fig.add_subplot()
         lrs, y, raw = np.asarray(self.lrs), np.asarray(self.losses, float), np.asarray(self.raw_losses, float)
-        n = len(y)
-        ax.plot(lrs[:len(raw)], raw, color='0.75', lw=0.8, label='loss')
+        n, r = len(y), self.reading
+        ax.plot(lrs[:len(raw)], raw, color='0.8', lw=0.8, label='loss')
         ax.plot(lrs[:n], y, color='tab:blue', lw=1.8, label='smoothed')
-        for name, v in self.suggestions.items():
+        if r is not None:
+            ax.plot(r.lrs, r.losses, color='tab:cyan', lw=1.2, ls='--', label='read by the rules')
+            if r.reliable: ax.axvspan(r.lrs[r.top], r.lrs[r.bottom], color='tab:green', alpha=0.08, lw=0)
+            if r.diverged: ax.axvline(r.diverged, color='tab:red', ls=':', lw=1)
+        for name, v in self.choices.items():
             mk, c = _MARKERS.get(name, ('*', 'k'))
             ax.plot([v], [np.interp(np.log10(v), np.log10(lrs[:n]), y)], mk, color=c, ms=8, label=f"{name} {v:.2e}")
         ax.set_xscale('log'); ax.set_xlabel('learning rate'); ax.set_ylabel('loss')
-        finite = y[np.isfinite(y)]
-        if len(finite):
-            m = int(np.argmin(finite)); lo, hi = finite[m], finite[:m + 1].max()
+        fin = y[np.isfinite(y)]
+        if len(fin):
+            lo, hi = fin.min(), fin[:int(np.argmin(fin)) + 1].max()
+            if r is not None: lo, hi = min(lo, r.losses.min()), max(hi, r.losses[:r.bottom + 1].max())
             pad = max(hi - lo, 1e-8 * max(abs(hi), 1.0))
             ax.set_ylim(lo - 0.1 * pad, hi + 0.3 * pad)
-        self._vline = ax.axvline(lr if lr is not None else self.suggestions.get('valley', lrs[0]),
+        self._vline = ax.axvline(lr if lr is not None else self._lr(None) if self.choices else lrs[0],
                                  color='k', ls='--', lw=1, visible=lr is not None)
+        if not self.reliable: ax.set_title('No reliable suggestion: see the fallback (X)', color='tab:red', fontsize=10)
         ax.legend(loc='upper left', fontsize=8)
         ax.grid(True, which='major', alpha=0.3)
         if path is not None: fig.savefig(path)
         return fig
 
+# %% ../nbs/05_lr_find.ipynb #6feed016
+class LRFindWarning(UserWarning):
+    "`lr_find` found no reliable suggestion: its default is the fallback (see `LRFindResult.verdict`)."
+
+@dataclass(repr=False)
+class LRFindResult(_ResultPlot):
+    "The LR sweep: `lrs`, smoothed `losses`, `raw_losses`, `suggestions`, `reliable`; `plot()`, `apply()`, `widget`."
+    lrs: list
+    losses: list
+    raw_losses: list
+    suggestions: dict
+    stop_reason: str = ''
+    trainer: object = None
+    reliable: bool = True               # False: the sweep shows no sustained descent (see `reason`)
+    reason: str = ''                    # why it is not reliable, and what to change
+    fallback: float | None = None       # the safe pick when it is not: a tenth of the largest LR before the loss rises
+    reading: SweepReading | None = None  # the curve the rules read (see `read_sweep`)
+    _widget: object = field(default=None, init=False)
+
+    @property
+    def valley(self) -> float: return self.suggestions['valley']
+
+    @property
+    def default(self) -> str | None:
+        "The name of the default pick: `'fallback'` when the sweep is not reliable, else `'valley'` (or the first)."
+        if not self.reliable and self.fallback is not None: return 'fallback'
+        return 'valley' if 'valley' in self.suggestions else next(iter(self.suggestions), None)
+
+    @property
+    def choices(self) -> dict:
+        "The suggestions, and the fallback when the sweep is not reliable: `{name: lr}`."
+        return {**self.suggestions, 'fallback': self.fallback} if self.default == 'fallback' else dict(self.suggestions)
+
+    def _lr(self, lr) -> float:
+        if lr is None: lr = self.default
+        if isinstance(lr, str):
+            if lr not in self.choices: raise KeyError(f"No suggestion {lr!r}; there are {list(self.choices)}")
+            lr = self.choices[lr]
+        return float(lr)
+
+    def apply(self, lr: float | str | None = None) -> float:
+        "Set `trainer.lr` to `lr` (a number, a suggestion's name, or the default pick), so that the next `fit` uses it."
+        if self.trainer is None: raise ValueError("This result is not tied to a trainer")
+        lr = self._lr(lr)
+        self.trainer.lr = lr
+        return lr
+
+    @property
+    def verdict(self) -> str:
+        "One line: is the curve to be trusted, and why (or why not)."
+        r = self.reading
+        if not self.reliable:
+            if self.fallback is None: return f"No reliable suggestion: {self.reason}."
+            return (f"No reliable suggestion: {self.reason}. The default is the fallback {self.fallback:.2e}: "
+                    "a tenth of the largest LR before the loss rises.")
+        if r is None: return ''
+        return (f"Reliable: the smoothed loss falls from {r.losses[r.top]:.4g} to {r.losses[r.bottom]:.4g} between "
+                f"{r.lrs[r.top]:.1e} and {r.lrs[r.bottom]:.1e} ({r.z:.0f}x its noise).")
+
     def summary(self) -> str:
-        "The suggestions as a few lines of text."
-        first = next(iter(self.suggestions), None)
+        "The suggestions as a few lines of text, with the verdict on the curve."
         lines = [f"LR finder: {len(self.lrs)} steps from {self.lrs[0]:.2e} to {self.lrs[-1]:.2e}"
                  + (f" (stopped: {self.stop_reason})" if self.stop_reason not in ('', 'done') else '')]
-        lines += [f"  {k:<8} {v:.2e}" + ('  (default)' if k == ('valley' if 'valley' in self.suggestions else first) else '')
-                  for k, v in self.suggestions.items()]
+        lines += [f"  {k:<8} {v:.2e}" + ('  (default)' if k == self.default else '') for k, v in self.choices.items()]
+        if self.verdict: lines.append(self.verdict)
         if self.suggestions:
             lines.append(f"Use one: trainer.fit(epochs, lr={self._lr(None):.2e}), or result.apply() to set trainer.lr")
         return '\n'.join(lines)
 
     def __repr__(self):
-        return f"LRFindResult({len(self.lrs)} points, " + ', '.join(f"{k}={v:.2e}" for k, v in self.suggestions.items()) + ')'
+        return (f"LRFindResult({len(self.lrs)} points, " + ', '.join(f"{k}={v:.2e}" for k, v in self.choices.items())
+                + ('' if self.reliable else ', not reliable') + ')')
 
     @property
     def widget(self):
@@ -210,25 +369,28 @@ def _png(fig) -> bytes:
     return buf.getvalue()
 
 class LRFindWidget:
-    "Plot + LR slider + 'Use this LR' button for an `LRFindResult`; `.box` is the ipywidgets container."
+    "Plot + verdict + LR slider + 'Use this LR' button for an `LRFindResult`; `.box` is the ipywidgets container."
     def __init__(self, result: LRFindResult):
         import ipywidgets as W
         self.result = result
-        lrs = result.lrs
-        start = result._lr(None) if result.suggestions else math.sqrt(lrs[0] * lrs[-1])
-        # `minimum` and `slide` divide by 10 and can lie below the sweep's first LR: the slider must reach them, or it
-        # would clamp them (a hair wider than the extremes, so that 10**min cannot round above the smallest one)
-        ends = [lrs[0], lrs[-1], *(v for v in result.suggestions.values() if 0 < v < math.inf)]
+        lrs, choices = result.lrs, result.choices
+        start = result._lr(None) if choices else math.sqrt(lrs[0] * lrs[-1])
+        # the slider spans the sweep and every pick (a hand-made result's `minimum` or `slide` can lie below the sweep's
+        # first LR), a hair wider than the extremes so that 10**min cannot round above the smallest one
+        ends = [lrs[0], lrs[-1], *(v for v in choices.values() if 0 < v < math.inf)]
         lo, hi = math.log10(min(ends)) - 1e-9, math.log10(max(ends)) + 1e-9
         self.fig = result.plot(lr=start)
         self.vline = result._vline
         self.vline.set_visible(True)
         self.image = W.Image(value=_png(self.fig), format='png', layout=W.Layout(width='640px'))
+        self.state = W.HTML(value=self._state_html())
+        self.state.add_class('tnb-lr-state')
+        self.state.add_class('tnb-lr-reliable' if result.reliable else 'tnb-lr-unreliable')
         self.slider = W.FloatLogSlider(value=start, base=10, min=lo, max=hi, step=0.01,
                                        description='LR', readout_format='.2e', continuous_update=True,
                                        layout=W.Layout(width='520px'))
         self.slider.add_class('tnb-lr-slider')
-        self.picks = W.ToggleButtons(options=[(f"{k} {v:.1e}", k) for k, v in result.suggestions.items()],
+        self.picks = W.ToggleButtons(options=[(f"{k} {v:.1e}", k) for k, v in choices.items()],
                                      value=None, description='Suggestions', style={'button_width': 'auto'})
         self.picks.add_class('tnb-lr-picks')
         self.button = W.Button(description='Use this LR', button_style='primary', tooltip='Set trainer.lr to the slider value')
@@ -238,29 +400,46 @@ class LRFindWidget:
         self.slider.observe(self._moved, names='value')
         self.picks.observe(self._picked, names='value')
         self.button.on_click(self._apply)
-        self.box = W.VBox([self.image, self.slider, self.picks, W.HBox([self.button, self.label])])
+        self.box = W.VBox([self.image, self.state, self.slider, self.picks, W.HBox([self.button, self.label])])
         self.box.add_class('tnb-lr-find')
+
+    def _state_html(self) -> str:
+        import html
+        r = self.result
+        color = '#1a7f37' if r.reliable else '#b42318'
+        return f'<div style="color:{color}; max-width:640px">{html.escape(r.verdict or "")}</div>'
 
     def _moved(self, change):
         self.vline.set_xdata([change['new']] * 2)
         self.image.value = _png(self.fig)
 
     def _picked(self, change):
-        if change['new'] is not None: self.slider.value = self.result.suggestions[change['new']]
+        if change['new'] is not None: self.slider.value = self.result.choices[change['new']]
 
     def _apply(self, _=None):
         lr = self.result.apply(self.slider.value)
         self.label.value = f"trainer.lr = {lr:.3e}: the next fit uses it"
 
-    def _ipython_display_(self):
-        from IPython.display import display
-        display(self.box)
+    def _repr_mimebundle_(self, include=None, exclude=None):
+        "The live widget, with the plot as a PNG and the summary as text for viewers without a widget manager."
+        import base64
+        data = self.box._repr_mimebundle_()
+        data['image/png'] = base64.b64encode(_png(self.fig)).decode('ascii')
+        data['text/plain'] = self.result.summary()
+        return data
 
 # %% ../nbs/05_lr_find.ipynb #c4603f98
 def _in_notebook() -> bool:
     ip = sys.modules.get('IPython')
     ip = ip.get_ipython() if ip is not None else None
     return ip is not None and 'IPKernelApp' in getattr(ip, 'config', {})
+
+def _read_into(res: LRFindResult, methods):
+    "Fill `res`'s reading, suggestions, verdict and fallback from its raw losses (your own rules read `res.losses`)."
+    r = read_sweep(res.lrs, res.raw_losses)
+    if isinstance(methods, dict): sugg, fallback = suggest(res.lrs, res.losses, methods), None   # yours: no fallback
+    else: sugg, fallback = suggest_sweep(r, methods)
+    res.suggestions, res.reading, res.reliable, res.reason, res.fallback = sugg, r, r.reliable, r.reason, fallback
 
 def lr_find(trainer: Trainer, start_lr: float = 1e-7, end_lr: float = 10, num_it: int = 100, beta: float = 0.98,
             div: float = 4., show: bool = True, suggest_funcs=None) -> LRFindResult:
@@ -298,11 +477,12 @@ def lr_find(trainer: Trainer, start_lr: float = 1e-7, end_lr: float = 10, num_it
             bar.close()
     losses = sweep.smooth + [math.nan] * (len(sweep.raw) - len(sweep.smooth))   # the NaN step, if any
     res = LRFindResult(list(sweep.lrs), losses, list(sweep.raw), {}, sweep.stop or '', self)
-    try: res.suggestions = suggest(res.lrs, res.losses, suggest_funcs)
+    try: _read_into(res, suggest_funcs)
     except ValueError as e:
         e.add_note(f"The sweep stopped after {len(sweep.raw)} steps: {sweep.stop}. The error's `result` holds its curve.")
         e.result = res   # the steps that ran, with no suggestions: to plot or inspect
         raise
+    if not res.reliable: warnings.warn(f"lr_find: {res.verdict}", LRFindWarning, stacklevel=3)
     if show and main:
         if _in_notebook():
             from IPython.display import display
