@@ -1,5 +1,6 @@
-# Sphinx configuration of the docs site. The pages are nbdev's processed notebooks (_proc/), rendered by myst-nb
-# without re-running them; tools/build_docs.py prepares them and runs Sphinx.
+# Sphinx configuration of the docs site. The pages are nbdev's processed notebooks (_proc/), executed by
+# tools/build_docs.py (which prepares them and runs Sphinx); myst-nb renders them with their outputs as they are.
+# The site loads nothing from the network: math is MathML written at build time, widgets show their static form.
 import configparser, pathlib
 
 _ini = configparser.ConfigParser(delimiters=['='])
@@ -10,13 +11,40 @@ project = _cfg['lib_name']
 author = _cfg['author']
 copyright = _cfg['copyright']
 release = _cfg['version']
-extensions = ['myst_nb']
+extensions = ['myst_nb', 'sphinx_copybutton']
 root_doc = 'index'
 exclude_patterns = ['_build', '**.ipynb_checkpoints', 'sidebar.yml', '_quarto.yml']
-nb_execution_mode = 'off'          # the notebooks' own outputs are shown; nbdev_test runs them
+nb_execution_mode = 'off'          # tools/build_docs.py has run the notebooks already
 nb_output_stderr = 'remove'
+# a widget view needs the widget manager's JavaScript from a CDN: show the static form the output also carries
+nb_mime_priority_overrides = [('html', 'application/vnd.jupyter.widget-view+json', None)]
 myst_enable_extensions = ['colon_fence', 'dollarmath']
 html_theme = 'furo'
 html_title = f"{project} {release}"
+html_math_renderer = 'mathml'
 suppress_warnings = ['mystnb.unknown_mime_type', 'misc.highlighting_failure']
 myst_all_links_external = True   # nbdev's links to symbols are plain relative URLs ('core.html#trainer')
+copybutton_exclude = '.linenos, .gp, .go'   # copy the code, not prompts or output
+
+
+# ---- math as MathML: rendered by the browser itself, with no script (MathJax would come from a CDN) ----
+
+def _mathml(latex: str, display: bool) -> str:
+    from latex2mathml.converter import convert
+    return convert(latex.strip(), display='block' if display else 'inline')
+
+def _visit_math(self, node):
+    self.body.append(_mathml(node.astext(), display=False))
+    from docutils import nodes
+    raise nodes.SkipNode
+
+def _visit_math_block(self, node):
+    from docutils import nodes
+    self.body.append(self.starttag(node, 'div', CLASS='math'))
+    for part in (p for p in node.astext().split('\n\n') if p.strip()):
+        self.body.append(_mathml(part, display=True))
+    self.body.append('</div>\n')
+    raise nodes.SkipNode
+
+def setup(app):
+    app.add_html_math_renderer('mathml', (_visit_math, None), (_visit_math_block, None))

@@ -62,3 +62,14 @@ def make_trainer(fresh_accelerate):
         return Trainer(model if model is not None else small_model(), DataLoader(regression_ds(n), batch_size=bs),
                        valid_dl, **kw)
     return _make
+
+
+@pytest.fixture(scope='session')
+def docs_site() -> Path:
+    """The docs site, built once per test session with `tools/build_docs.py --strict` (Sphinx warnings are errors):
+    the notebooks run in a kernel (unchanged ones are reused from _exec/), then the site goes to _docs/; its path."""
+    import subprocess
+    r = subprocess.run([sys.executable, 'tools/build_docs.py', '--strict'], cwd=REPO, capture_output=True, text=True,
+                       timeout=1800)
+    assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-5000:]
+    return REPO / '_docs'

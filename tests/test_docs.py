@@ -1,20 +1,112 @@
-"The docs site builds from the notebooks, with a page per module, the API entries and working navigation."
-import re, subprocess, sys
+"""The docs site: built from the notebooks, run, with a page per module and the tutorial first, every exported name
+documented on its module's page, and nothing that needs the network (widget views, MathJax)."""
+import importlib, inspect, json, re
+from html.parser import HTMLParser
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
+MODULES = sorted(p.stem[3:] for p in (ROOT / 'nbs').glob('[0-9][0-9]_*.ipynb'))   # page names
 
-def test_docs_site_builds():
-    r = subprocess.run([sys.executable, 'tools/build_docs.py', '--strict'], cwd=ROOT, capture_output=True, text=True,
-                       timeout=600)
-    assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
-    site = ROOT / '_docs'
-    modules = sorted(p.stem[3:] for p in (ROOT / 'nbs').glob('[0-9][0-9]_*.ipynb'))
-    for m in modules: assert (site / f"{m}.html").exists(), m
-    home = (site / 'index.html').read_text()
-    for m in modules: assert f'href="{m}.html"' in home, f"{m} missing from the navigation"
-    core = (site / 'core.html').read_text()
+
+def module_of(page: str) -> str:
+    "The module a page's notebook exports (its `#| default_exp`)."
+    nb = next((ROOT / 'nbs').glob(f'[0-9][0-9]_{page}.ipynb'))
+    return re.search(r'#\| default_exp ([\w.]+)', nb.read_text()).group(1)
+
+
+class PageText(HTMLParser):
+    "The entries of a page (headings, and show_doc's headings, which myst-nb renders as rubrics) and its code texts."
+    def __init__(self, html: str):
+        super().__init__()
+        self.stack, self.entries, self.codes = [], [], []
+        self.feed(html)
+
+    def handle_starttag(self, tag, attrs):
+        a = dict(attrs)
+        if tag in ('h1', 'h2', 'h3', 'h4', 'h5', 'h6', 'code') or (tag == 'p' and 'rubric' in (a.get('class') or '')):
+            self.stack.append([tag, ''])
+        elif tag == 'a' and 'headerlink' in (a.get('class') or ''): self.stack.append(['headerlink', ''])
+
+    def handle_endtag(self, tag):
+        if not self.stack or self.stack[-1][0] not in (tag, 'headerlink' if tag == 'a' else None): return
+        kind, text = self.stack.pop()
+        if kind == 'headerlink': return
+        (self.codes if kind == 'code' else self.entries).append(text.strip())
+        if self.stack: self.stack[-1][1] += text
+
+    def handle_data(self, data):
+        if self.stack and self.stack[-1][0] != 'headerlink': self.stack[-1][1] += data
+
+
+def test_docs_site_builds(docs_site):
+    for m in MODULES: assert (docs_site / f"{m}.html").exists(), m
+    home = (docs_site / 'index.html').read_text()
+    for m in MODULES: assert f'href="{m}.html"' in home, f"{m} missing from the navigation"
+    core = (docs_site / 'core.html').read_text()
     assert re.search(r'id="trainer">Trainer<', core)                             # show_doc output is there,
     assert re.search(r'id="trainer-describe-hooks">Trainer.describe_hooks<', core)  # methods of its parts included
     assert 'show_doc(' not in core and '#| ' not in core                        # ... without its input cells
-    assert (site / 'searchindex.js').exists()
+    assert (docs_site / 'searchindex.js').exists()
+
+
+def test_tutorial_is_the_first_page_after_home(docs_site):
+    home = (docs_site / 'index.html').read_text()
+    nav = re.findall(r'<a class="reference internal" href="([\w-]+\.html)"', home)
+    assert nav and nav[0] == 'tutorial.html', nav
+    assert nav.index('tutorial.html') < min(nav.index(f"{m}.html") for m in MODULES)
+    assert re.search(r'<a class="next-page" href="tutorial.html"', home)   # "Next" from the home page
+
+
+def test_pages_show_what_the_notebooks_draw(docs_site):
+    "The notebooks ran: pages hold their images and tables, as static outputs (no widget views, nothing to fetch)."
+    def n_images(page): return len(re.findall(r'<img [^>]*src="_images/', (docs_site / page).read_text()))
+    for page in ('tutorial.html', 'lr_find.html', 'liveplot.html', 'recorder.html', 'index.html'):
+        assert n_images(page) >= 1, f"no image on {page}"
+    tutorial = (docs_site / 'tutorial.html').read_text()
+    assert 'epoch' in tutorial and 'valid_loss' in tutorial and 'after_backward' in tutorial   # dashboard, describe_hooks
+    assert re.search(r'stopped early \(crash\)', tutorial)                                      # the final dashboard
+    for page in docs_site.glob('*.html'):
+        html = page.read_text()
+        assert 'application/vnd.jupyter.widget' not in html and 'require.js' not in html, page.name
+        assert not re.search(r'<(script|link)[^>]+(src|href)="(https?:)?//', html), f"{page.name} loads from the network"
+    for png in (docs_site / '_images').glob('*.png'): assert png.read_bytes()[:4] == b'\x89PNG'
+
+
+def test_math_is_mathml(docs_site):
+    "Formulas are MathML, written at build time: no MathJax script, no LaTeX left in the page."
+    html = (docs_site / 'lr_find.html').read_text()
+    assert html.count('<math ') >= 5 and not re.search(r'<script[^>]*mathjax', html, re.I)
+    assert '\\(' not in html and '\\log_{10}' not in html
+
+
+def test_code_blocks_have_copy_buttons(docs_site):
+    assert 'copybutton.js' in (docs_site / 'tutorial.html').read_text()
+    assert (docs_site / '_static' / 'copybutton.js').exists()
+
+
+def test_every_exported_name_is_documented_on_its_page(docs_site):
+    """Each name in a module's `__all__`: a function or class has a docstring and an entry (show_doc) on the module's
+    page; a constant is named, as code, in that page's prose."""
+    missing, seen = [], set()
+    for m in MODULES:
+        if m == 'all': continue
+        mod = importlib.import_module(f'trainer_nb.{module_of(m)}')
+        page = PageText((docs_site / f"{m}.html").read_text())
+        for name in mod.__all__:
+            seen.add(name)
+            obj = getattr(mod, name)
+            if inspect.isclass(obj) or inspect.isfunction(obj):
+                if not (obj.__doc__ or '').strip(): missing.append(f"{m}.{name}: no docstring")
+                if name not in page.entries: missing.append(f"{m}.{name}: no entry (show_doc) on {m}.html")
+            elif name not in page.codes: missing.append(f"{m}.{name}: a constant not named on {m}.html")
+    assert not missing, '\n'.join(missing)
+    everything = importlib.import_module('trainer_nb.all')
+    assert set(everything.__all__) <= seen, set(everything.__all__) - seen
+
+
+def test_readme_links_resolve():
+    "The README's relative links (to notebooks, images) point at files of the repository."
+    text = (ROOT / 'README.md').read_text()
+    links = [l.split('#')[0] for l in re.findall(r'\]\(([^)\s]+)\)', text) if not re.match(r'[a-z]+:', l)]
+    assert any(l == 'nbs/tutorial.ipynb' for l in links), links
+    for l in links: assert (ROOT / l).exists(), l

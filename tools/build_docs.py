@@ -1,28 +1,164 @@
-"""Build the docs site into _docs/: nbdev processes the notebooks (show_doc output, hidden cells, directives) into
-_proc/, then Sphinx with myst-nb and the furo theme renders them to HTML with navigation and search.
+"""Build the docs site into _docs/.
 
-Usage: python tools/build_docs.py [--strict]   (--strict: warnings are errors)
+1. Run: every notebook of nbs/ is executed in a Jupyter kernel, as a reader running it in JupyterLab would, into
+   _exec/ (the committed notebooks carry no outputs: see nbs/index.ipynb). A notebook is run again only when it or
+   the library changed since its last run (`--no-cache` runs them all).
+2. Process: nbdev turns the executed notebooks into pages (show_doc output, hidden cells, directives) in _proc/.
+3. Tidy: the pages become Sphinx pages; widgets, which need JavaScript from the network, give way to the static
+   form each output carries (a PNG, HTML), and links between notebooks become links between pages.
+4. Render: Sphinx with myst-nb and the furo theme, with navigation and search, into _docs/.
+
+Usage: python tools/build_docs.py [--strict] [--no-cache]   (--strict: Sphinx warnings are errors)
 """
-import json, shutil, subprocess, sys
+import hashlib, json, os, re, shutil, subprocess, sys, tempfile, time
+from concurrent.futures import ProcessPoolExecutor
+from multiprocessing import get_context
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
-
-def add_toctree(index: Path, names: list[str]):
-    "Append a hidden table of contents to the processed home page (not to its source: that is also the README)."
-    nb = json.loads(index.read_text())
-    body = '\n'.join([':hidden:', ':maxdepth: 1', '', *names])
-    nb['cells'].append({'cell_type': 'markdown', 'metadata': {}, 'source': f"```{{toctree}}\n{body}\n```"})
-    index.write_text(json.dumps(nb, indent=1))
+EXEC = ROOT / '_exec'      # executed copies of the notebooks (a cache: not committed)
+WIDGET = 'application/vnd.jupyter.widget-view+json'
+STATIC = ('image/png', 'image/jpeg', 'image/svg+xml', 'text/html', 'text/markdown', 'text/latex')
+SKIP_FLAGS = ('notest', 'slow')   # cells nbdev_test skips (settings.ini's tst_flags) are not run for the docs either
 
 def _text(x): return ''.join(x) if isinstance(x, list) else x
 
-def tidy(proc: Path, doc_host: str) -> list[str]:
+# ---- 1. run ----
+
+RUN_VERSION = '1'   # change it when the way notebooks are run changes: every cached run is then stale
+
+def _library_digest() -> str:
+    "A digest of the library's code (and of `RUN_VERSION`): a change runs every notebook again."
+    h = hashlib.sha256(RUN_VERSION.encode())
+    for p in sorted((ROOT / 'trainer_nb').glob('*.py')): h.update(p.name.encode() + p.read_bytes())
+    return h.hexdigest()
+
+def _key(nb: dict, lib: str) -> str:
+    "Cache key of a notebook: its cells' sources and the library."
+    h = hashlib.sha256(lib.encode())
+    for c in nb['cells']: h.update(c['cell_type'].encode() + _text(c['source']).encode() + b'\0')
+    return h.hexdigest()
+
+def _directives(src: str) -> set:
+    return {l[3:].strip().split(':')[0].split()[0] for l in src.splitlines() if l.startswith('#| ') and l[3:].strip()}
+
+def _run_one(src: str, dest: str, cwd: str, key: str, timeout: int) -> float:
+    "Execute notebook `src` in a fresh kernel started in `cwd`; write it, outputs included, to `dest`."
+    import nbformat
+    from nbclient import NotebookClient
+    nb = nbformat.read(src, as_version=4)
+    for c in nb.cells:
+        if c.cell_type == 'code' and _directives(c.source) & set(SKIP_FLAGS):
+            c.metadata.setdefault('tags', []).append('skip-execution')
+    with tempfile.TemporaryDirectory() as ipdir:
+        # the kernel draws with the inline backend (as in JupyterLab), in no one's IPython profile
+        env = dict(os.environ, MPLBACKEND='module://matplotlib_inline.backend_inline', IPYTHONDIR=ipdir,
+                   PYTHONWARNINGS='ignore')
+        client = NotebookClient(nb, timeout=timeout, kernel_name='python3', store_widget_state=False,
+                                record_timing=False, resources={'metadata': {'path': cwd}})
+        t0 = time.perf_counter()
+        with open(Path(ipdir) / 'kernel.log', 'w+') as log:   # the kernel's own messages: shown if it fails
+            try: client.execute(cwd=cwd, env=env, stdout=log, stderr=subprocess.STDOUT)
+            except Exception as e:
+                log.seek(0)
+                raise RuntimeError(f"{e}\n(kernel log:)\n{log.read()[-3000:]}") from None
+    nb.metadata['trainer_nb_docs'] = {'key': key}
+    nbformat.write(nb, dest)
+    return time.perf_counter() - t0
+
+def execute(src: Path, dest: Path, workers: int = 2, cache: bool = True, timeout: int = 600) -> dict:
+    """Execute the notebooks of `src` into `dest` (other files are copied), `workers` kernels at a time; a notebook
+    whose cached run in `dest` is up to date is kept. Returns `{name: seconds}` of those that ran."""
+    dest.mkdir(exist_ok=True)
+    for p in dest.iterdir():     # what is no longer in the source goes
+        if not (src / p.name).exists(): shutil.rmtree(p) if p.is_dir() else p.unlink()
+    lib, todo = _library_digest(), []
+    for p in sorted(src.iterdir()):
+        if p.name.startswith('.'): continue
+        if p.suffix != '.ipynb':
+            if p.is_dir(): shutil.copytree(p, dest / p.name, dirs_exist_ok=True)
+            else: shutil.copy2(p, dest / p.name)
+            continue
+        key, out = _key(json.loads(p.read_text()), lib), dest / p.name
+        if cache and out.exists():
+            meta = json.loads(out.read_text()).get('metadata', {})
+            if meta.get('trainer_nb_docs', {}).get('key') == key: continue
+        out.unlink(missing_ok=True)
+        todo.append((str(p), str(out), str(dest), key, timeout))
+    todo.sort(key=lambda a: -Path(a[0]).stat().st_size)   # the longest first, roughly
+    times = {}
+    if not todo: return times
+    with ProcessPoolExecutor(min(workers, len(todo)), mp_context=get_context('spawn')) as ex:
+        futs = {Path(a[0]).name: ex.submit(_run_one, *a) for a in todo}
+        errors = []
+        for name, f in futs.items():
+            try: times[name] = f.result()
+            except Exception as e: errors.append(f"{name}: {e}")
+    if errors: raise RuntimeError("Notebooks failed to run for the docs:\n" + '\n'.join(errors))
+    return times
+
+# ---- 3. tidy ----
+
+def static_outputs(nb: dict) -> int:
+    """Keep the static form of widget outputs: a widget view needs JavaScript from the network, so it is dropped in
+    favour of the PNG or HTML the output also carries; an output that has none (a closed progress bar, whose only other
+    form is a `repr` like 'HBox(children=...)') goes. Returns the number of outputs dropped."""
+    dropped = 0
+    nb.get('metadata', {}).pop('widgets', None)   # the widget state: myst-nb would load the widget manager for it
+    for c in nb['cells']:
+        outs = []
+        for o in c.get('outputs', []):
+            data = o.get('data', {})
+            if WIDGET in data:
+                del data[WIDGET]
+                if not any(m in data for m in STATIC): dropped += 1; continue
+            outs.append(o)
+        if 'outputs' in c: c['outputs'] = outs
+    return dropped
+
+_LINK = re.compile(r'\]\((?:\./)?([\w.-]+)\.ipynb(#[^)\s]*)?\)')
+_SYMBOL_LINK = re.compile(r'\[(`[^`\]]+`)\]\(([\w-]+)\.html#([^)\s]+)\)')
+_SHOW_DOC = re.compile(r'^\s*show_doc\(\s*([\w.]+)\s*[,)]')
+
+def _relink(md: str, pages: dict) -> str:
+    "Links to notebooks (`](05_lr_find.ipynb#x)`, as they work in Jupyter and on a forge) become links to their pages."
+    def sub(m): return f"]({pages[m[1]]}.html{m[2] or ''})" if m[1] in pages else m[0]
+    return _LINK.sub(sub, md)
+
+def _link_symbols(md: str, anchors: dict) -> str:
+    """nbdev links each name in backticks to `page.html#name`: keep the links whose entry exists (a show_doc anchor),
+    and leave the other names as plain code (private helpers, which have no entry)."""
+    def sub(m):
+        known = anchors.get(m[2])
+        return m[0] if known is None or m[3] in known else m[1]
+    return _SYMBOL_LINK.sub(sub, md)
+
+def show_doc_anchors(nb: dict) -> set:
+    """Give each show_doc entry the anchor nbdev's links point to (`#trainer.lr_find` for `show_doc(Trainer.lr_find)`);
+    an entry shown twice (nbdev adds one for a function patched onto a class that the notebook documents by hand)
+    keeps its last place. Returns the anchors."""
+    entries = []
+    for c in nb['cells']:
+        m = _SHOW_DOC.match(_text(c['source'])) if c['cell_type'] == 'code' else None
+        outs = [o for o in c.get('outputs', []) if 'text/markdown' in o.get('data', {})]
+        if m and outs: entries.append((m[1].lower(), c, outs[0]))
+    anchors, last = set(), {}
+    for name, c, o in entries: last[name] = o
+    for name, c, o in entries:
+        if last[name] is not o: c['outputs'].remove(o); continue
+        md = re.sub(r'^\s*---\s*\n', '', _text(o['data']['text/markdown']))   # (nbdev's leading rule)
+        o['data']['text/markdown'] = f'<a id="{name}"></a>\n\n' + md
+        anchors.add(name)
+    return anchors
+
+def tidy(proc: Path, doc_host: str) -> tuple[list[str], list[str]]:
     """Make nbdev's processed notebooks Sphinx pages: front matter (a raw YAML cell, for Quarto) becomes a title and
-    a lead line, pages take the name nbdev gave their HTML file, links to symbols become relative, and show_doc
-    output loses its leading rule and its link to a source host. Returns the page names in order."""
-    import re, yaml
-    names = []
+    a lead line, pages take the name nbdev gave their HTML file, links to symbols and to notebooks become relative
+    (and a link to a symbol with no entry plain code), widget outputs give way to their static form, and show_doc
+    output loses its leading rule and its link to a source host, and gets an anchor. Returns the page names in order:
+    guides (notebooks with no number) first, then the modules."""
+    import yaml
+    nbs, pages = {}, {}
     for src in sorted(proc.glob('*.ipynb')):
         nb = json.loads(src.read_text())
         cells, fm = nb['cells'], {}
@@ -31,8 +167,16 @@ def tidy(proc: Path, doc_host: str) -> list[str]:
             title = str(fm.get('title', src.stem)).lstrip('# ').strip()
             lead = f"\n\n> {fm['description']}" if fm.get('description') else ''
             cells[0] = {'cell_type': 'markdown', 'metadata': {}, 'source': f"# {title}{lead}"}
-        for c in cells:
-            if c['cell_type'] == 'markdown': c['source'] = _text(c['source']).replace(doc_host, '')
+        nbs[src] = nb
+        pages[src.stem] = Path(fm.get('output-file', src.stem + '.html')).stem
+    anchors = {pages[src.stem]: show_doc_anchors(nb) for src, nb in nbs.items()}
+    def fix(md): return _link_symbols(_relink(md.replace(doc_host, ''), pages), anchors)
+    guides, modules = [], []
+    for src, nb in nbs.items():
+        static_outputs(nb)
+        nb.get('metadata', {}).pop('trainer_nb_docs', None)
+        for c in nb['cells']:
+            if c['cell_type'] == 'markdown': c['source'] = fix(_text(c['source']))
             if c['cell_type'] == 'code':   # Quarto's cell directives, as myst-nb tags
                 lines = _text(c['source']).splitlines()
                 if any(l.replace(' ', '') == '#|echo:false' for l in lines):
@@ -43,32 +187,50 @@ def tidy(proc: Path, doc_host: str) -> list[str]:
                 if md is None: continue
                 md = re.sub(r'^\s*---\s*\n', '', _text(md))
                 md = re.sub(r'\[source\]\([^)]*\)\{[^}]*\}\s*', '', md)
-                o['data']['text/markdown'] = md.replace(doc_host, '')
+                o['data']['text/markdown'] = fix(md)
         keep = {'cell_type', 'id', 'metadata', 'source', 'outputs', 'execution_count', 'attachments'}
-        for i, c in enumerate(cells):   # only the fields the notebook format allows
+        for i, c in enumerate(nb['cells']):   # only the fields the notebook format allows
             for k in set(c) - keep: del c[k]
             c.setdefault('id', f"c{i:04d}")
             if c['cell_type'] != 'code': c.pop('outputs', None); c.pop('execution_count', None)
-        name = Path(fm.get('output-file', src.stem + '.html')).stem
+        name = pages[src.stem]
         src.unlink()
         (proc / f"{name}.ipynb").write_text(json.dumps(nb, indent=1))
-        if src.stem != 'index': names.append(name)
-    return names
+        if src.stem == 'index': continue
+        (modules if re.match(r'\d+_', src.stem) else guides).append(name)
+    return guides, modules
+
+def add_toctree(index: Path, sections: list[tuple[str, list[str]]]):
+    "Append hidden tables of contents, one per `(caption, page names)`, to the processed home page (not to its source)."
+    nb = json.loads(index.read_text())
+    for caption, names in sections:
+        if not names: continue
+        body = '\n'.join([':hidden:', f':caption: {caption}', ':maxdepth: 1', '', *names])
+        nb['cells'].append({'cell_type': 'markdown', 'metadata': {}, 'source': f"```{{toctree}}\n{body}\n```"})
+    index.write_text(json.dumps(nb, indent=1))
+
+# ---- all four ----
 
 def main():
     from nbdev.serve import proc_nbs
-    import os
-    os.chdir(ROOT)
-    shutil.rmtree(ROOT / '_proc', ignore_errors=True)
-    proc = Path(proc_nbs(force=True, n_workers=1))
     from nbdev.config import get_config
+    os.chdir(ROOT)
+    t0 = time.perf_counter()
+    times = execute(ROOT / 'nbs', EXEC, cache='--no-cache' not in sys.argv)
+    for name, s in sorted(times.items(), key=lambda kv: -kv[1]): print(f"  ran {name}: {s:.0f} s")
+    t1 = time.perf_counter()
+    shutil.rmtree(ROOT / '_proc', ignore_errors=True)
+    proc = Path(proc_nbs(path=str(EXEC), force=True, n_workers=1))
     cfg = get_config()
-    add_toctree(proc / 'index.ipynb', tidy(proc, cfg.doc_host.rstrip('/') + cfg.doc_baseurl))
+    guides, modules = tidy(proc, cfg.doc_host.rstrip('/') + cfg.doc_baseurl)
+    add_toctree(proc / 'index.ipynb', [('Tutorial', guides), ('API', modules)])
     out = ROOT / '_docs'
     shutil.rmtree(out, ignore_errors=True)
+    t2 = time.perf_counter()
     cmd = [sys.executable, '-m', 'sphinx', '-b', 'html', '-q', '-c', str(ROOT / 'docs'), str(proc), str(out)]
     if '--strict' in sys.argv: cmd.insert(3, '-W')
     subprocess.run(cmd, check=True)
-    print(f"docs site: {out / 'index.html'}")
+    t3 = time.perf_counter()
+    print(f"docs site: {out / 'index.html'} (run {t1 - t0:.0f} s, process {t2 - t1:.0f} s, render {t3 - t2:.0f} s)")
 
 if __name__ == '__main__': main()

@@ -1,15 +1,23 @@
 """Render nbs/index.ipynb to README.md (Markdown, no Quarto): markdown cells as they are, code cells as Python
 blocks followed by their text output and their PNG images (written to docs/images/). Cells marked `#| hide` are left out.
+Links to other notebooks (`[tutorial](tutorial.ipynb)`, relative to nbs/ as they work in Jupyter) are made relative
+to the repository root (`nbs/tutorial.ipynb`), so that they work on a forge and in a local clone alike.
 
 Usage: python tools/render_readme.py [--check]   (--check: exit 1 if README.md is out of date)
 """
-import base64, sys
+import base64, re, sys
 from pathlib import Path
 import nbformat
 
 ROOT = Path(__file__).resolve().parent.parent
 
 IMAGES = 'docs/images'   # where the images of cell outputs go, relative to the repository root
+
+_NB_LINK = re.compile(r'\]\((?:\./)?([\w.-]+\.ipynb(?:#[^)\s]*)?)\)')
+
+def _relink(md: str) -> str:
+    "Links to notebooks beside index.ipynb, relative to the repository root."
+    return _NB_LINK.sub(lambda m: f"](nbs/{m[1]})", md)
 
 def _outputs(cell, stem: str):
     "The cell's outputs as Markdown blocks: text in a fence (consecutive texts together), PNG images as files."
@@ -40,7 +48,7 @@ def render(nb_path: Path = ROOT / 'nbs' / 'index.ipynb') -> tuple[str, dict]:
         src = c.source.strip('\n')
         lines = src.splitlines()
         if any(l.strip().replace(' ', '') in ('#|hide', '#|hide_input') for l in lines[:3]): continue
-        if c.cell_type == 'markdown': out.append(src)
+        if c.cell_type == 'markdown': out.append(_relink(src))
         elif c.cell_type == 'code':
             code = '\n'.join(l for l in lines if not l.startswith('#|'))
             out.append(f"```python\n{code}\n```")
