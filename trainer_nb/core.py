@@ -339,7 +339,7 @@ class _Hooks:
         return found[0]
 
     def hook_keys(self) -> list[tuple[str, Hook]]:
-        "`(key, hook)` per hook: its class name, numbered `Name#2`... when a class appears again (keys of `state_dict`)."
+        "`(key, hook)` per hook: its class name, numbered `Name#2`... when a class recurs (the keys of `state_dict`)."
         seen, out = {}, []
         for h in self.hooks:
             n = seen[h.name] = seen.get(h.name, 0) + 1
@@ -347,12 +347,12 @@ class _Hooks:
         return out
 
     def describe_hooks(self):
-        "A table, one row per event, of the hooks that run there in order; unknown `before_*/after_*` methods are flagged."
+        "A table, one row per event, of the hooks that run there in order; unknown `before_*/after_*` methods flagged."
         import pandas as pd
         main = self.is_main_process
         def cell(hs):
-            return ', '.join(f"{h.name} ({h.order})" + ('' if main or not h.main_process_only else ' [main process only]')
-                             for h in hs) or '-'
+            tag = lambda h: '' if main or not h.main_process_only else ' [main process only]'
+            return ', '.join(f"{h.name} ({h.order})" + tag(h) for h in hs) or '-'
         rows = [(e, cell(_hook_methods(self.hooks, e))) for e in EVENTS]
         unknown = {}
         for h in self.hooks:
@@ -362,7 +362,7 @@ class _Hooks:
 
 # %% ../nbs/00_core.ipynb #270601cc
 def _hook_error(e: BaseException, hook: str, event: str) -> BaseException:
-    "What to raise for `e`, raised by `hook` at `event`: named in a note, and a control exception out of place as an error."
+    "What to raise for `e`, raised by `hook` at `event`: named in a note; a control exception out of place as an error."
     if isinstance(e, _CONTROL) and not isinstance(e, _ALLOWED[event]): e = _misplaced(e, hook, event)
     _annotate(e, f"raised by hook {hook} at event {event!r}")
     return e
@@ -423,9 +423,9 @@ def _forward_fn(t):
                 preds = t.preds
             return _check_loss(loss_func(preds, y), "loss_func's result")
         if not isinstance(batch, Mapping):
-            raise TypeError(f"With no loss_func or train_step, batches must be dicts, passed as model(**batch) to a model "
-                            f"that returns its loss; got a {type(batch).__name__}: pass loss_func= (for (x, y) batches) "
-                            "or train_step=")
+            raise TypeError(f"With no loss_func or train_step, batches must be dicts, passed as model(**batch) to a "
+                            f"model that returns its loss; got a {type(batch).__name__}: pass loss_func= (for (x, y) "
+                            "batches) or train_step=")
         t.preds = t.out = model(**batch)
         if after_pred: call(t, 'after_pred')
         return _check_loss(_loss_of(t.out))
@@ -506,14 +506,14 @@ class _Epoch:
     "An epoch of `fit`: the loader it iterates, the losses' trip to the host, and where a resumed epoch starts."
     @property
     def train_loader(self):
-        "The data loader `fit` iterates: `train_dl`, prepared by Accelerate unless that would only copy CPU tensors to the CPU."
+        "The data loader `fit` iterates: `train_dl`, prepared by Accelerate unless that would only copy CPU tensors."
         dl, acc = self.train_dl, self.accelerator
         if dl is None or (acc.num_processes == 1 and self.grad_accum == 1 and acc.device.type == 'cpu'): return dl
         return self._prepare_dl(dl)
 
     @property
     def steps_per_epoch(self) -> int:
-        "Optimizer steps in an epoch of the current (or last) fit (a last, shorter accumulation group steps too); 0: unknown."
+        "Optimizer steps in an epoch of the current (or last) fit (a last, shorter accumulation group too); 0: unknown."
         return math.ceil(self.state.n_batches / self.grad_accum)
 
     def _prepare_dl(self, dl):
@@ -524,7 +524,8 @@ class _Epoch:
 
     def flush_losses(self):
         """Move pending losses to the host (one transfer) and check every loss moved since the last check: with
-        `nan_policy='raise'` a non-finite one raises, naming its epoch, batch and iteration. Hooks that need the losses call this."""
+        `nan_policy='raise'` a non-finite one raises, naming its epoch, batch and iteration. Hooks that need the
+        losses call this."""
         self.losses.flush()
         bad = self.losses.check()
         if bad is None or self.nan_policy == 'skip': return
@@ -626,7 +627,7 @@ class _Fit:
         _build_scheduler(self, epochs)
         self._ev = _bind_events(self)
         self.accelerator.gradient_accumulation_steps = self.grad_accum   # process-wide in Accelerate: set it per fit
-        if resume is not None: _load(self.resume_func)(self, resume)   # after the scheduler is built: it loads its state
+        if resume is not None: _load(self.resume_func)(self, resume)   # after the scheduler is built: loads its state
         self.fitting, self.cancelled, self._phase = True, None, None
         self.model.train()
         try:
@@ -774,7 +775,7 @@ class _Eval:
         return res
 
     def predict(self, dl):
-        "`(preds, targets)` over `dl`, gathered from all processes, on the CPU (`targets` is None for unlabelled batches)."
+        "`(preds, targets)` over `dl`, gathered from all processes, on the CPU (`targets` None if unlabelled)."
         _, preds, targets = _run_eval(self, dl, keep_preds=True)
         return preds, targets
 
@@ -799,8 +800,8 @@ class _Rewind:
     def __init__(self, t, hooks: bool):
         self.t, self.loader = t, t.train_loader
         model, scaler = t.model, t.accelerator.scaler
-        self.tensors = [(p, p.detach().to('cpu', copy=True), None if p.grad is None else p.grad.detach().to('cpu', copy=True))
-                        for p in itertools.chain(model.parameters(), model.buffers())]
+        cpu = lambda x: None if x is None else x.detach().to('cpu', copy=True)
+        self.tensors = [(p, cpu(p), cpu(p.grad)) for p in itertools.chain(model.parameters(), model.buffers())]
         self.training = [(m, m.training) for m in model.modules()]
         self.opt = _to_cpu(t.opt.state_dict(), clone=True)
         self.scaler = None if scaler is None else copy.deepcopy(scaler.state_dict())
@@ -894,11 +895,11 @@ class _Shortcuts:
     "Fitting with a schedule, finding a learning rate, the history: thin methods over the modules that hold them."
     def fit_one_cycle(self, epochs: int, lr_max: float | None = None, pct_start: float = 0.25, div: float = 25.,
                       div_final: float = 1e5, moms: tuple | None = (0.95, 0.85), resume=None, **kw):
-        "Fit `epochs` epochs with a one-cycle schedule peaking at `lr_max` (default: the trainer's `lr`); see `one_cycle`."
+        "Fit `epochs` epochs with a one-cycle schedule peaking at `lr_max` (default: the trainer's `lr`): `one_cycle`."
         self._fit_scheduled(epochs, lr_max, one_cycle(None, pct_start, div, div_final, moms, **kw), resume)
 
-    def fit_cosine(self, epochs: int, lr: float | None = None, warmup_pct: float = 0.05, warmup_steps: int | None = None,
-                   lr_min: float = 0., div: float = 25., resume=None):
+    def fit_cosine(self, epochs: int, lr: float | None = None, warmup_pct: float = 0.05,
+                   warmup_steps: int | None = None, lr_min: float = 0., div: float = 25., resume=None):
         "Fit `epochs` epochs with a linear warmup to `lr` then cosine annealing to `lr_min`; see `cosine`."
         self._fit_scheduled(epochs, lr, cosine(lr_min, warmup_pct, warmup_steps, div), resume)
 
@@ -929,7 +930,8 @@ class _Shortcuts:
     @classmethod
     def from_config(cls, cfg, overrides=()):
         """A ready trainer from `cfg` (a dict, a YAML file or a run directory) and `key.sub=value` overrides: see
-        `trainer_nb.registry.build_trainer` (the class built is the config's `trainer_type`). Its `config` rebuilds it."""
+        `trainer_nb.registry.build_trainer` (the class built is the config's `trainer_type`). Its `config` rebuilds
+        it."""
         from trainer_nb.registry import build_trainer
         return build_trainer(cfg, overrides)
 
@@ -945,12 +947,14 @@ class _Shortcuts:
 # %% ../nbs/00_core.ipynb #d12c1289
 def _check_args(model, mixed_precision, grad_accum, nan_policy, lr, metrics):
     "Refuse arguments the trainer can't work with, saying what it needs."
-    if not isinstance(model, torch.nn.Module): raise TypeError(f"model must be a torch.nn.Module, got {type(model).__name__}")
+    if not isinstance(model, torch.nn.Module):
+        raise TypeError(f"model must be a torch.nn.Module, got {type(model).__name__}")
     if mixed_precision not in ('no', 'bf16', 'fp16'):
         raise ValueError(f"mixed_precision must be 'no', 'bf16' or 'fp16', got {mixed_precision!r}")
     if not (isinstance(grad_accum, int) and grad_accum >= 1):
         raise ValueError(f"grad_accum must be an int >= 1, got {grad_accum!r}")
-    if nan_policy not in ('raise', 'skip'): raise ValueError(f"nan_policy must be 'raise' or 'skip', got {nan_policy!r}")
+    if nan_policy not in ('raise', 'skip'):
+        raise ValueError(f"nan_policy must be 'raise' or 'skip', got {nan_policy!r}")
     if lr is not None and not (isinstance(lr, (int, float)) and lr > 0):
         raise ValueError(f"lr must be a positive number, got {lr!r}")
     for m in metrics:
@@ -965,7 +969,8 @@ def _check_args(model, mixed_precision, grad_accum, nan_policy, lr, metrics):
 
 def _make_optimizer(opt_func, model, lr):
     "The optimizer: `opt_func(params, lr=)`, or `opt_func` itself when it is an optimizer (its first group's LR > 0)."
-    if not isinstance(opt_func, torch.optim.Optimizer): return opt_func(model.parameters(), lr=1e-3 if lr is None else lr)
+    if not isinstance(opt_func, torch.optim.Optimizer):
+        return opt_func(model.parameters(), lr=1e-3 if lr is None else lr)
     lr0 = float(opt_func.param_groups[0]['lr'])
     if not lr0 > 0:
         raise ValueError(f"The optimizer passed has lr={lr0} in its first parameter group: the trainer sets LRs by "
@@ -995,8 +1000,9 @@ class Trainer(_Hooks, _Epoch, _Fit, _Eval, _State, _Shortcuts):
     returns). Every hook of after_cancel and after_fit runs even if one raises. Default hooks: `default_hooks`."""
     # the hooks every trainer gets unless `default_hooks=False` (classes, or 'module:Class' names imported when first
     # needed): the Recorder (losses, LRs, `history`), Progress (a dashboard or a text bar), LivePlot (the curves)
-    default_hooks: list = ['trainer_nb.recorder:Recorder', 'trainer_nb.progress:Progress', 'trainer_nb.liveplot:LivePlot']
-    resume_func = 'trainer_nb.checkpoint:resume_fit'   # `resume_func(trainer, resume)` loads a checkpoint for `fit(resume=)`
+    default_hooks: list = ['trainer_nb.recorder:Recorder', 'trainer_nb.progress:Progress',
+                           'trainer_nb.liveplot:LivePlot']
+    resume_func = 'trainer_nb.checkpoint:resume_fit'   # `resume_func(trainer, resume)`: `fit(resume=)`
 
     def __init__(self, model: torch.nn.Module, train_dl=None, valid_dl=None, *,
                  loss_func=None,      # `loss_func(preds, targets)` for `(x, y)` batches
@@ -1012,7 +1018,7 @@ class Trainer(_Hooks, _Epoch, _Fit, _Eval, _State, _Shortcuts):
                  nan_policy: str = 'raise',    # 'raise' | 'skip' (checks each loss: one host-device sync per step)
                  sync_every: int = 100,         # batches between moving losses to the host
                  cpu: bool = False,
-                 log_with=None, project_dir=None,  # experiment trackers, as Accelerate's `log_with` (e.g. 'tensorboard')
+                 log_with=None, project_dir=None,  # experiment trackers, Accelerate's `log_with` (e.g. 'tensorboard')
                  accelerator: Accelerator | None = None):  # or your own; it then decides the five arguments above
         _check_args(model, mixed_precision, grad_accum, nan_policy, lr, metrics)
         if accelerator is not None:

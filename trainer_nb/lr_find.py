@@ -14,7 +14,6 @@ __all__ = ['MIN_POINTS', 'SUGGESTIONS', 'START_CUT', 'NOISE_Z', 'MIN_READ', 'REA
 
 # %% ../nbs/05_lr_find.ipynb #82eecdd7
 import numpy as np
-import torch
 from .core import Trainer, Hook, CancelFit, LossLog
 
 # %% ../nbs/05_lr_find.ipynb #ee9e32a9
@@ -28,7 +27,8 @@ def _usable(lrs, losses) -> tuple[np.ndarray, np.ndarray]:
     bad = ~np.isfinite(y) | ~(lrs > 0)
     n = int(bad.argmax()) if bad.any() else len(y)
     if n < MIN_POINTS:
-        raise ValueError(f"Only {n} usable points in the LR sweep (of {len(y)}; the rest diverged): at least {MIN_POINTS} "
+        raise ValueError(f"Only {n} usable points in the LR sweep (of {len(y)}; the rest diverged): at least "
+                         f"{MIN_POINTS} "
                          "are needed for a suggestion. Lower start_lr, raise num_it, or raise div.")
     return np.log10(lrs[:n]), y[:n]
 
@@ -229,19 +229,26 @@ class _Sweep(Hook):
         loss = self.acc / self.n
         if t.accelerator.num_processes > 1: loss = t.accelerator.reduce(loss, 'mean')
         loss, self.acc, self.n = loss.item(), None, 0
-        self.lrs.append(self.sched[len(self.lrs)]); self.raw.append(loss); self.epoch_points += 1
+        self.lrs.append(self.sched[len(self.lrs)])
+        self.raw.append(loss)
+        self.epoch_points += 1
         if self.bar is not None: self.bar.update(1)
-        if not math.isfinite(loss): self.stop = 'the loss became NaN or infinite'; raise CancelFit()
+        if not math.isfinite(loss): self._stop('the loss became NaN or infinite')
         self.avg = self.beta * self.avg + (1 - self.beta) * loss
         smooth = self.avg / (1 - self.beta ** len(self.raw))
         self.smooth.append(smooth)
         self.best = min(self.best, smooth)
         if self.best > 0 and smooth > self.div * self.best:   # a ratio to a best <= 0 means nothing (see above)
-            self.stop = f'the smoothed loss exceeded {self.div:g}x its best'; raise CancelFit()
-        if len(self.lrs) == len(self.sched): self.stop = 'done'; raise CancelFit()
+            self._stop(f'the smoothed loss exceeded {self.div:g}x its best')
+        if len(self.lrs) == len(self.sched): self._stop('done')
 
     def after_epoch(self):
-        if self.epoch_points == 0: self.stop = 'the dataloader yielded no full optimizer step'; raise CancelFit()
+        if self.epoch_points == 0: self._stop('the dataloader yielded no full optimizer step')
+
+    def _stop(self, why: str):
+        "End the sweep, saying why."
+        self.stop = why
+        raise CancelFit()
 
 # %% ../nbs/05_lr_find.ipynb #fec702d5
 _MARKERS = {'valley': ('o', 'tab:red'), 'steep': ('v', 'tab:green'), 'minimum': ('s', 'tab:purple'),
@@ -265,7 +272,7 @@ class _ResultPlot:
         for name, v in self.choices.items():
             mk, c = _MARKERS.get(name, ('*', 'k'))
             ax.plot([v], [np.interp(np.log10(v), np.log10(lrs[:n]), y)], mk, color=c, ms=8, label=f"{name} {v:.2e}")
-        ax.set_xscale('log'); ax.set_xlabel('learning rate'); ax.set_ylabel('loss')
+        ax.set(xscale='log', xlabel='learning rate', ylabel='loss')
         fin = y[np.isfinite(y)]
         if len(fin):
             lo, hi = fin.min(), fin[:int(np.argmin(fin)) + 1].max()
@@ -393,7 +400,8 @@ class LRFindWidget:
         self.picks = W.ToggleButtons(options=[(f"{k} {v:.1e}", k) for k, v in choices.items()],
                                      value=None, description='Suggestions', style={'button_width': 'auto'})
         self.picks.add_class('tnb-lr-picks')
-        self.button = W.Button(description='Use this LR', button_style='primary', tooltip='Set trainer.lr to the slider value')
+        self.button = W.Button(description='Use this LR', button_style='primary',
+                               tooltip='Set trainer.lr to the slider value')
         self.button.add_class('tnb-lr-apply')
         self.label = W.Label(value='')
         self.label.add_class('tnb-lr-label')
@@ -450,12 +458,14 @@ def lr_find(trainer: Trainer, start_lr: float = 1e-7, end_lr: float = 10, num_it
     if suggest_funcs is None: suggest_funcs = tuple(SUGGESTIONS)
     if not (0 < start_lr < end_lr): raise ValueError(f"Need 0 < start_lr < end_lr, got {start_lr!r} and {end_lr!r}")
     if not (isinstance(num_it, int) and num_it >= MIN_POINTS):
-        raise ValueError(f"num_it must be an int >= {MIN_POINTS} (a suggestion needs {MIN_POINTS} points), got {num_it!r}")
+        raise ValueError(f"num_it must be an int >= {MIN_POINTS} (a suggestion needs {MIN_POINTS} points), "
+                         f"got {num_it!r}")
     if not (0 <= beta < 1): raise ValueError(f"beta must be in [0, 1), got {beta!r}")
     if not div > 1: raise ValueError(f"div must be > 1, got {div!r}")
     if self.fitting: raise RuntimeError("Can't run lr_find while fit is running")
     unknown = [] if isinstance(suggest_funcs, dict) else [m for m in suggest_funcs if m not in SUGGESTIONS]
-    if unknown: raise ValueError(f"Unknown suggestion methods {unknown}: use {list(SUGGESTIONS)} or a dict name -> func")
+    if unknown:
+        raise ValueError(f"Unknown suggestion methods {unknown}: use {list(SUGGESTIONS)} or a dict name -> func")
     if self.train_dl is None: raise ValueError("No train_dl: pass one to the Trainer (or set trainer.train_dl)")
     main = self.is_main_process
     sched = [start_lr * (end_lr / start_lr) ** (i / (num_it - 1)) for i in range(num_it)]
@@ -479,7 +489,8 @@ def lr_find(trainer: Trainer, start_lr: float = 1e-7, end_lr: float = 10, num_it
     res = LRFindResult(list(sweep.lrs), losses, list(sweep.raw), {}, sweep.stop or '', self)
     try: _read_into(res, suggest_funcs)
     except ValueError as e:
-        e.add_note(f"The sweep stopped after {len(sweep.raw)} steps: {sweep.stop}. The error's `result` holds its curve.")
+        e.add_note(f"The sweep stopped after {len(sweep.raw)} steps: {sweep.stop}. "
+                   "The error's `result` holds its curve.")
         e.result = res   # the steps that ran, with no suggestions: to plot or inspect
         raise
     if not res.reliable: warnings.warn(f"lr_find: {res.verdict}", LRFindWarning, stacklevel=3)
