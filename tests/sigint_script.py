@@ -3,6 +3,7 @@
 `tests/test_loop.py` starts it, waits for the line `READY`, sends SIGINT, and reads the JSON line it prints.
 """
 import json
+import signal
 import time
 
 import torch
@@ -34,6 +35,9 @@ class Events(Hook):
 
 def main():
     global SLOW
+    # Ctrl-C raises KeyboardInterrupt, as in a terminal, also when this was started from a shell that ignores SIGINT
+    # (a background job), whose children inherit the ignoring
+    signal.signal(signal.SIGINT, signal.default_int_handler)
     g = torch.Generator().manual_seed(0)
     x = torch.randn(2000, 4, generator=g)
     ds = TensorDataset(x, x.sum(1, keepdim=True))
