@@ -4,7 +4,7 @@
 
 # %% ../nbs/12_launch.ipynb #370d6968
 from __future__ import annotations
-import os, signal, socket, sys, threading, time, traceback
+import importlib, os, pickle, signal, socket, sys, threading, time, traceback
 import multiprocessing as mp
 from multiprocessing.connection import wait
 
@@ -12,7 +12,7 @@ from multiprocessing.connection import wait
 __all__ = ['check_kernel_untouched', 'WorkerError', 'launch']
 
 # %% ../nbs/12_launch.ipynb #4107187d
-from .progress import VIEWS, send_views_to
+from .progress import send_views_to
 
 # %% ../nbs/12_launch.ipynb #c888b1e2
 _CUDA_FIX = ("Restart the kernel and launch before anything touches CUDA: build the model, its tensors and the Trainer "
@@ -45,17 +45,23 @@ def _worker(fn, conns, args, kwargs):
     "Run `fn` in a launched process: its views go to the kernel, rank 0's result and any error go back through a pipe."
     rank = int(os.environ.get('RANK', '0'))
     conn = conns[rank]
-    send_views_to(conn.send)
+    def send(msg): conn.send_bytes(pickle.dumps(msg))   # plain pickle: torch's would share tensors with this process
+    send_views_to(send)
     try: out = fn(*args, **kwargs)
     except BaseException as e:
-        conn.send(('error', time.time(), rank, f"{type(e).__name__}: {e}", traceback.format_exc()))
+        send(('error', time.time(), rank, f"{type(e).__name__}: {e}", traceback.format_exc()))
         raise
-    try: conn.send(('result', out) if rank == 0 else ('done',))
+    try: send(('result', out) if rank == 0 else ('done',))
     except Exception as e:   # e.g. a return value that can't be pickled
-        conn.send(('error', time.time(), rank, f"its return value could not be sent back: {type(e).__name__}: {e}", ''))
+        send(('error', time.time(), rank, f"its return value could not be sent back: {type(e).__name__}: {e}", ''))
         raise
 
 # %% ../nbs/12_launch.ipynb #826b02f3
+def _view_class(spec: str):
+    "The view class named `'module:Class'` (a worker's view may come from a module this kernel has not imported)."
+    mod, name = spec.split(':')
+    return getattr(importlib.import_module(mod), name)
+
 class _Pump:
     "The kernel's end of the pipes: builds the views rank 0 opens and replays their calls; keeps the result and errors."
     def __init__(self, readers):
@@ -64,14 +70,13 @@ class _Pump:
     def poll(self, timeout: float = 0.05):
         "Handle what arrived (waiting up to `timeout` seconds for something)."
         for c in wait(self.readers, timeout):
-            try: msg = c.recv()
-            except (EOFError, OSError):
+            try: data = c.recv_bytes()
+            except (EOFError, OSError):   # that process is gone
                 self.readers.remove(c)
                 continue
-            try: self.handle(msg)
+            try: self.handle(pickle.loads(data))
             except Exception as e:   # a display problem must not stop the training
-                print(f"launch: could not show {msg[0]} {msg[2] if len(msg) > 2 else ''}: {type(e).__name__}: {e}",
-                      file=sys.stderr)
+                print(f"launch: a message from a worker failed: {type(e).__name__}: {e}", file=sys.stderr)
 
     def drain(self):
         "Handle everything already sent."
@@ -79,7 +84,7 @@ class _Pump:
 
     def handle(self, msg):
         kind = msg[0]
-        if kind == 'open': self.views[msg[1]] = VIEWS[msg[2]](*msg[3])
+        if kind == 'open': self.views[msg[1]] = _view_class(msg[2])(*msg[3])
         elif kind == 'call' and msg[1] in self.views: getattr(self.views[msg[1]], msg[2])(*msg[3])
         elif kind == 'result': self.result = msg[1]
         elif kind == 'error': self.errors.append(msg[1:])
@@ -126,6 +131,8 @@ def launch(fn, *args, num_processes: int | None = None, mixed_precision: str = '
                                mixed_precision=mixed_precision, use_port=str(_free_port()))
         except BaseException as e: failed.append(e)
     thread = threading.Thread(target=run, name='trainer-nb-launch', daemon=True)
+    sys.stdout.flush()   # the workers would print again what is still in this process's buffers
+    sys.stderr.flush()
     thread.start()
     try:
         while thread.is_alive(): pump.poll(0.05)

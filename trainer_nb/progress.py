@@ -121,9 +121,9 @@ class RemoteView:
     "Stands for a view built in another process: each method call is sent there as `('call', key, method, args)`."
     _keys = itertools.count()
 
-    def __init__(self, send, name: str, args: tuple = ()):
+    def __init__(self, send, cls: str, args: tuple = ()):   # cls: 'module:Class', imported where it is built
         self._send, self.key = send, (os.getpid(), next(self._keys))
-        send(('open', self.key, name, tuple(args)))
+        send(('open', self.key, cls, tuple(args)))
 
     def __getattr__(self, method: str):
         if method.startswith('_'): raise AttributeError(method)
@@ -131,7 +131,8 @@ class RemoteView:
 
 def open_view(name: str, *args):
     "The view `name` built with `args`: here, or in the notebook's kernel when this process is a launched worker."
-    return VIEWS[name](*args) if _send is None else RemoteView(_send, name, args)
+    cls = VIEWS[name]
+    return cls(*args) if _send is None else RemoteView(_send, f"{cls.__module__}:{cls.__qualname__}", args)
 
 # %% ../nbs/03_progress.ipynb #0e3a32b3
 class Dashboard:
