@@ -15,7 +15,7 @@ pytestmark = pytest.mark.skipif(sys.platform != 'linux', reason="forks worker pr
 
 
 def setup_cell(pid_dir):
-    "Imports, and `train(bs, ...)`: each process writes its PID to `pid_dir/pid{rank}` and trains a small regression."
+    "Imports, and `train(bs, ...)`: each process writes its PID to `pid_dir/pid{rank}_{pid}`, then trains a regression."
     return f"""\
 import os, sys, time
 sys.path.insert(0, {str(REPO)!r})
@@ -36,7 +36,7 @@ class Fail(Hook):
 
 def train(bs, epochs=2, sleep=0.0, fail_rank=None, n=192):
     rank = int(os.environ.get('RANK', 0))
-    with open(os.path.join(PIDS, f'pid{{rank}}'), 'w') as f: f.write(str(os.getpid()))
+    with open(os.path.join(PIDS, f'pid{{rank}}_{{os.getpid()}}'), 'w') as f: f.write(str(os.getpid()))
     g = torch.Generator().manual_seed(0)
     x = torch.randn(n + 64, 4, generator=g)
     y = x @ torch.tensor([[1.], [-2.], [3.], [.5]]) + 0.1
@@ -87,15 +87,16 @@ def test_two_processes_same_weights_result_and_saved_display(tmp_path, monkeypat
     assert list(h2['epoch']) == [0, 1] and list(h2.columns) == list(h1.columns)
     assert abs(h2['valid_loss'].iloc[-1] - h1['valid_loss'].iloc[-1]) < 1e-4 * max(1, h1['valid_loss'].iloc[-1])
     # two worker processes ran, other than the kernel, and none is left
-    pids = worker_pids(pid_dir)
-    assert len(pids) == 2 and res['kernel'] not in pids and not any(alive(p) for p in pids)
+    pids = worker_pids(pid_dir) - {res['kernel']}   # the one-process run wrote the kernel's
+    assert len(pids) == 2 and not any(alive(p) for p in pids)
     # the launch cell keeps what a one-process fit leaves: the static PNG and the final table (no live widget)
     outs = outputs(nb.cells[1])
     pngs = [base64.b64decode(o['data']['image/png']) for o in outs if 'image/png' in o.get('data', {})]
     html = [o['data']['text/html'] for o in outs if 'text/html' in o.get('data', {})]
     assert len(pngs) == 1 and pngs[0][:8] == b'\x89PNG\r\n\x1a\n' and len(pngs[0]) > 2000
     done = [h for h in html if 'trainer-nb-progress-done' in h]
-    assert len(done) == 1 and 'done' in done[0] and 'valid_loss' in done[0] and done[0].count('<tr>') == 3
+    assert len(done) == 1 and 'done' in done[0] and 'valid_loss' in done[0]
+    assert done[0].count('<tr>') == 2   # a row per epoch
     assert not [o for o in outs if 'application/vnd.jupyter.widget-view+json' in o.get('data', {})]
     # the one-process cell shows the same kind of record
     assert any('image/png' in o.get('data', {}) for o in outputs(nb.cells[2]))
@@ -117,9 +118,11 @@ def test_failing_worker_names_its_rank_and_leaves_no_process(tmp_path, monkeypat
     assert not any(alive(p) for p in worker_pids(pid_dir))
 
 
-def test_interrupt_ends_the_workers_and_the_kernel_launches_again(tmp_path, pid_dir):
+def test_interrupt_ends_the_workers_and_the_kernel_launches_again(tmp_path, monkeypatch, pid_dir):
     from jupyter_client.manager import start_new_kernel
     env = jupyter_env(tmp_path)
+    for k in ('JUPYTER_PATH', 'JUPYTER_CONFIG_DIR', 'JUPYTER_RUNTIME_DIR', 'JUPYTER_DATA_DIR', 'IPYTHONDIR'):
+        monkeypatch.setenv(k, env[k])
     km, kc = start_new_kernel(kernel_name=KERNEL, env=env, cwd=str(tmp_path))
     try:
         reply = kc.execute_interactive(setup_cell(pid_dir), timeout=120)
@@ -226,8 +229,8 @@ except RuntimeError as e: print('refused:', e)""")
     assert 'Restart the kernel' in p.stdout
 
 
-@needs_gpu
-def test_gpus_from_a_launch(tmp_path):
+@pytest.mark.skipif(torch.cuda.device_count() < 2, reason="needs 2 CUDA GPUs")
+def test_gpus_from_a_launch():
     n = torch.cuda.device_count()
     p = run_py(f"""import sys, torch
 sys.path.insert(0, {str(REPO)!r})

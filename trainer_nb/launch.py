@@ -99,17 +99,24 @@ def _children() -> list:
     import psutil
     return psutil.Process().children(recursive=True)
 
-def _stop(procs, pump=None, grace: float = 3.0):
-    "Interrupt `procs` (so rank 0 can leave its final picture), then terminate and kill what is left."
+def _running(p) -> bool:
     import psutil
-    for sig, wait_s in ((signal.SIGINT, grace), (signal.SIGTERM, 2.0), (signal.SIGKILL, 2.0)):
-        procs = [p for p in procs if p.is_running() and p.status() != psutil.STATUS_ZOMBIE]
+    try: return p.is_running() and p.status() != psutil.STATUS_ZOMBIE
+    except psutil.NoSuchProcess: return False
+
+def _stop(procs, pump=None, grace: float = 3.0):
+    """End `procs`: let them end by themselves (Jupyter's stop button interrupts them too), interrupt them (so rank 0
+    can leave its final picture), then terminate and kill what is left. `grace=0`: terminate at once."""
+    import psutil
+    steps = [(None, 1.0), (signal.SIGINT, grace)] if grace else []
+    for sig, wait_s in steps + [(signal.SIGTERM, 2.0), (signal.SIGKILL, 2.0)]:
+        procs = [p for p in procs if _running(p)]
         if not procs: return
-        for p in procs:
+        for p in procs if sig else ():
             try: p.send_signal(sig)
             except psutil.NoSuchProcess: pass
         end = time.monotonic() + wait_s
-        while time.monotonic() < end and any(p.is_running() and p.status() != psutil.STATUS_ZOMBIE for p in procs):
+        while time.monotonic() < end and any(_running(p) for p in procs):
             if pump is not None: pump.poll(0.05)
             else: time.sleep(0.05)
 
