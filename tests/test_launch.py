@@ -22,6 +22,9 @@ sys.path.insert(0, {str(REPO)!r})
 import torch, torch.nn as nn, torch.nn.functional as F
 from torch.utils.data import DataLoader, TensorDataset
 from trainer_nb.core import Trainer, Hook
+from trainer_nb.recorder import Recorder
+from trainer_nb.progress import Progress
+from trainer_nb.liveplot import LivePlot
 from trainer_nb.launch import launch, WorkerError
 PIDS = {str(pid_dir)!r}
 
@@ -34,7 +37,7 @@ class Fail(Hook):
     def after_step(self):
         if self.trainer.state.iteration == self.at: raise ValueError('bad batch at ' + str(self.at))
 
-def train(bs, epochs=2, sleep=0.0, fail_rank=None, n=192):
+def train(bs, epochs=2, sleep=0.0, fail_rank=None, n=192, often=False):
     rank = int(os.environ.get('RANK', 0))
     with open(os.path.join(PIDS, f'pid{{rank}}_{{os.getpid()}}'), 'w') as f: f.write(str(os.getpid()))
     g = torch.Generator().manual_seed(0)
@@ -44,8 +47,9 @@ def train(bs, epochs=2, sleep=0.0, fail_rank=None, n=192):
     vdl = DataLoader(TensorDataset(x[n:], y[n:]), batch_size=16)
     torch.manual_seed(0)
     hooks = [Slow(sleep)] + ([Fail(3)] if fail_rank == rank else [])
+    if often: hooks += [Recorder(), Progress(every=0.2), LivePlot(every=0.3, max_share=0.2)]   # redraw often
     t = Trainer(nn.Sequential(nn.Linear(4, 8), nn.Tanh(), nn.Linear(8, 1)), dl, vdl, loss_func=F.mse_loss,
-                lr=0.05, cpu=True, hooks=hooks)
+                lr=0.05, cpu=True, hooks=hooks, default_hooks=not often)
     t.fit(epochs)
     return dict(history=t.history, n=t.accelerator.num_processes, rank=rank,
                 weights={{k: v.detach().clone() for k, v in t.unwrapped_model.state_dict().items()}})
@@ -156,7 +160,7 @@ def test_interrupt_ends_the_workers_and_the_kernel_launches_again(tmp_path, monk
 def test_jupyterlab_shows_rank0_live(tmp_path, pid_dir):
     with lab_server(tmp_path) as server:
         write_notebook(tmp_path / 'root/run.ipynb', [
-            setup_cell(pid_dir), "r = launch(train, 8, epochs=3, sleep=0.01, n=960, num_processes=2)",
+            setup_cell(pid_dir), "r = launch(train, 8, epochs=3, sleep=0.02, n=960, often=True, num_processes=2)",
             "print('ALL', 'DONE', r['n'])"])
         with notebook_page(server, 'run.ipynb') as page:
             run_all_cells(page)
@@ -173,7 +177,7 @@ def test_jupyterlab_shows_rank0_live(tmp_path, pid_dir):
             page.screenshot(path=str(tmp_path / 'launch_done.png'), full_page=True)
     assert 'ALL DONE 2' in st['text'], st['text'][-3000:]
     # while the workers trained, the kernel's dashboard and plot (fed by rank 0) changed several times
-    assert len(progress) >= 3 and any('/30' in p for p in progress), progress   # 960 / (8 x 2 x 2): 30 batches
+    assert len(progress) >= 3 and any('/60' in p for p in progress), progress   # 960 / (8 x 2): 60 batches a process
     assert len(srcs) >= 3, f"the live plot changed {len(srcs) - 1} times"
     assert st['progress'] is None and st['img'] is None
     assert any(s.startswith('data:image/png') for s in st['static_imgs']), st['static_imgs']

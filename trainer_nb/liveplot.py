@@ -209,7 +209,7 @@ class _PlotDrawing:
         self.redraw()
     def redraw(self, final: bool = False) -> bytes:
         "Draw the current curves now; update the widget and/or the file; returns the PNG bytes."
-        t = time.perf_counter()
+        t, fig = time.perf_counter(), self.fig
         png = self.png()
         if self.view is not None and not final: self.view.show(png)
         if self.path is not None and (final or self.save_every_draw):
@@ -218,7 +218,8 @@ class _PlotDrawing:
         d = now - t
         self.draw_time += d
         self.n_draws += 1
-        self._next = now + max(self.every, d / self.max_share)
+        # a draw that made the figure (and imported matplotlib) costs more than the next ones: it doesn't set the pace
+        self._next = now + (self.every if self.fig is not fig else max(self.every, d / self.max_share))
         return png
     def png(self) -> bytes:
         "The curves as PNG bytes, drawn now (e.g. to show with `IPython.display.Image` after a fit)."
