@@ -4,7 +4,7 @@
 
 # %% ../nbs/12_launch.ipynb #370d6968
 from __future__ import annotations
-import importlib, os, pickle, signal, socket, sys, threading, time, traceback
+import importlib, logging, os, pickle, signal, socket, sys, threading, time, traceback
 import multiprocessing as mp
 from multiprocessing.connection import wait
 
@@ -90,6 +90,12 @@ class _Pump:
         elif kind == 'error': self.errors.append(msg[1:])
 
 # %% ../nbs/12_launch.ipynb #079f6076
+class _NoThreadWarning(logging.Filter):
+    "Drops torchelastic's warning that it runs on a thread and may orphan its workers: `launch` ends them itself."
+    def filter(self, record): return 'running on a child thread' not in record.getMessage()
+
+_ELASTIC_LOG = logging.getLogger('torch.distributed.elastic.multiprocessing.api')
+
 def _free_port() -> int:
     with socket.socket() as s:
         s.bind(('127.0.0.1', 0))
@@ -140,6 +146,8 @@ def launch(fn, *args, num_processes: int | None = None, mixed_precision: str = '
     thread = threading.Thread(target=run, name='trainer-nb-launch', daemon=True)
     sys.stdout.flush()   # the workers would print again what is still in this process's buffers
     sys.stderr.flush()
+    quiet = _NoThreadWarning()
+    _ELASTIC_LOG.addFilter(quiet)
     thread.start()
     try:
         while thread.is_alive(): pump.poll(0.05)
@@ -151,6 +159,7 @@ def launch(fn, *args, num_processes: int | None = None, mixed_precision: str = '
     finally:
         _stop([p for p in _children() if p.pid not in before], grace=0)
         for c in readers + writers: c.close()
+        _ELASTIC_LOG.removeFilter(quiet)
     if pump.errors:
         _, rank, msg, tb = min(pump.errors)   # the first to fail: the others may have failed because of it
         raise WorkerError(rank, msg, tb)
