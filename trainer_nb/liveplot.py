@@ -7,16 +7,17 @@ from __future__ import annotations
 import io, math, time, warnings
 
 # %% auto #0
-__all__ = ['smooth_steps', 'LivePlot']
+__all__ = ['smooth_steps', 'PlotView', 'LivePlot']
 
 # %% ../nbs/04_liveplot.ipynb #892d2db3
 import numpy as np
 from .core import MainProcessHook
-from .progress import _resolve_mode, _display, auto_beta
+from .progress import VIEWS, _resolve_mode, _display, auto_beta, open_view
 
 # %% ../nbs/04_liveplot.ipynb #a91276a6
 def smooth_steps(steps, values, beta: float = 0.98) -> np.ndarray:
-    "Debiased exponential moving average of `values` over `steps` (a gap of g steps decays by beta**g); NaNs are skipped."
+    """Debiased exponential moving average of `values` over `steps` (a gap of g steps decays by beta**g); NaNs are
+    skipped."""
     steps, values = np.asarray(steps, dtype=np.float64), np.asarray(values, dtype=np.float64)
     out = np.full(len(values), np.nan)
     avg = norm = 0.0
@@ -28,7 +29,7 @@ def smooth_steps(steps, values, beta: float = 0.98) -> np.ndarray:
         if norm: out[i] = avg / norm
     return out
 
-# %% ../nbs/04_liveplot.ipynb #f2212592
+# %% ../nbs/04_liveplot.ipynb #ee086786
 def _finite_range(*arrays, log=False, pad=True):
     vals = np.concatenate([np.asarray(a, dtype=np.float64).ravel() for a in arrays]) if arrays else np.zeros(0)
     vals = vals[np.isfinite(vals)]
@@ -67,123 +68,32 @@ def _few_ticks(axis):
     from matplotlib.ticker import MaxNLocator
     axis.set_major_locator(MaxNLocator(nbins=4, steps=[1, 2, 2.5, 5, 10]))
 
+# %% ../nbs/04_liveplot.ipynb #caf14668
+class PlotView:
+    "The live plot's image widget; at the end of the fit a static PNG takes its place."
+    def __init__(self):
+        import ipywidgets as W
+        self.widget = W.Image(format='png', value=b'')
+        self.widget.add_class('trainer-nb-liveplot')
+        self.handle = _display(self.widget)
 
-class LivePlot(MainProcessHook):
-    "Live loss and learning-rate curves (and optionally metrics) in a notebook (ipywidgets + matplotlib); a static PNG at the end of each fit."
-    order = 30
+    def show(self, png: bytes):
+        "Show the PNG `png` in the widget."
+        self.widget.value = png
 
-    def __init__(self, mode: str = 'auto', every: float = 0.5, max_points: int = 500, log_loss: bool = False,
-                 path=None, save_every_draw: bool = False, beta: float | None = None, max_share: float = 0.015,
-                 metrics=None,      # a third panel: True for all the trainer's metrics, or a list of names (or metrics)
-                 figsize=None,      # default: (8, 2.8), or (11.5, 2.8) with the metric panel
-                 dpi: int = 72):
-        _resolve_mode(mode)
-        if not 0 < max_share <= 1: raise ValueError(f"max_share must be in (0, 1], got {max_share!r}")
-        if max_points < 2: raise ValueError(f"max_points must be >= 2, got {max_points!r}")
-        if not (metrics is None or isinstance(metrics, bool) or isinstance(metrics, (list, tuple))):
-            raise TypeError(f"metrics must be None, True or a list of metric names, got {metrics!r}")
-        self.mode, self.every, self.max_points, self.log_loss = mode, every, max_points, log_loss
-        self.path, self.save_every_draw, self.beta, self.max_share = path, save_every_draw, beta, max_share
-        self.metrics, self.figsize, self.dpi = metrics, figsize, dpi
-        self.fig, self.active, self.last_png, self.rec, self._bins = None, None, None, None, None
-        self.draw_time, self.n_draws, self.setup_time, self.metric_names = 0.0, 0, 0.0, []
-
-    # ---- events ----
-    def before_fit(self):
-        self.active = _resolve_mode(self.mode)
-        self.draw_time, self.n_draws, self.setup_time, self.widget, self.handle = 0.0, 0, 0.0, None, None
-        self._next = math.inf
-        if self.active == 'off' or (self.active == 'text' and self.path is None): return   # nothing to draw
-        from trainer_nb.recorder import Recorder, Binned
-        try: rec = self.trainer.get_hook(Recorder)
-        except LookupError as e:
-            raise LookupError("LivePlot draws what a Recorder records: add trainer_nb.recorder.Recorder "
-                              f"to the trainer's hooks ({e})") from None
-        if rec is not self.rec or self._bins is None or self._bins.max_points != self.max_points:
-            self.rec, self._bins = rec, Binned(rec, self.max_points)
-        self.metric_names = self._metric_names()
-        if self.active == 'widget':
-            import ipywidgets as W
-            self.widget = W.Image(format='png', value=b'')
-            self.widget.add_class('trainer-nb-liveplot')
-            self.handle = _display(self.widget)
-        st, tr = self.trainer.state, self.trainer
-        # the last step of this fit, when the dataloader has a length: the x axis spans the fit from the start
-        self._x_start, self._x_end = st.step + 1, st.step + (st.epochs - st.epoch) * tr.steps_per_epoch
-        self._t0, self._it0 = time.perf_counter(), st.iteration
-        self._its = (st.epochs - st.epoch) * st.n_batches   # batches in this fit (0: unknown)
-        if self.active == 'widget' or self.save_every_draw: self._next = self._t0 + self.every
-
-    def after_step(self):
-        if time.perf_counter() >= self._next: self._live_redraw()   # 'off', or 'text' without saving: never
-
-    def after_epoch(self):
-        st = self.trainer.state
-        if st.epoch + 1 < st.epochs and time.perf_counter() >= self._next: self._live_redraw()   # (the last: after_fit draws)
-
-    def after_fit(self):
-        if self.active in (None, 'off'): return
+    def finish(self, png: bytes | None):
+        "Replace the widget by the static `png` (None: just close the widget)."
         try:
-            if self.active == 'widget' or self.path is not None:
-                png = self.redraw(final=True)
-                if self.handle is not None:
-                    from IPython.display import Image
-                    self.handle.update(Image(data=png, format='png'))
-        except Exception as e:   # never hide the fit's own outcome behind a drawing problem
-            warnings.warn(f"LivePlot could not draw the final curves: {type(e).__name__}: {e}")
-        finally:
-            if self.widget is not None: self.widget.close()
-            self.active = None
+            if png is not None and self.handle is not None:
+                from IPython.display import Image
+                self.handle.update(Image(data=png, format='png'))
+        finally: self.widget.close()
 
-    # ---- drawing ----
-    def _live_redraw(self):
-        "Redraw, unless the fit should end before the next redraw would be due: the final picture comes then."
-        now, st = time.perf_counter(), self.trainer.state
-        done = st.iteration - self._it0
-        if self._its and done:
-            left = (now - self._t0) * (self._its - done) / done   # estimated seconds of training left
-            if left < self.every:
-                self._next = now + max(left, 0.05)   # look again after the estimated end (a slower end still redraws)
-                return
-        self.redraw()
+VIEWS['liveplot'] = PlotView
 
-    def redraw(self, final: bool = False) -> bytes:
-        "Draw the current curves now; update the widget and/or the file; returns the PNG bytes."
-        t = time.perf_counter()
-        png = self.png()
-        if self.widget is not None and not final: self.widget.value = png
-        if self.path is not None and (final or self.save_every_draw):
-            with open(self.path, 'wb') as f: f.write(png)
-        now = time.perf_counter()
-        d = now - t
-        self.draw_time += d; self.n_draws += 1
-        self._next = now + max(self.every, d / self.max_share)
-        return png
-
-    def png(self) -> bytes:
-        "The curves as PNG bytes, drawn now (e.g. to show with `IPython.display.Image` after a fit)."
-        if self.rec is None: raise RuntimeError("Nothing to draw yet: the plot reads its Recorder when a fit starts")
-        self._update_figure(self._bins.arrays())
-        self.last_png = self._render()
-        return self.last_png
-
-    def _metric_names(self) -> list[str]:
-        "The metrics the third panel shows (none: no third panel)."
-        from trainer_nb.core import _name_of
-        m = self.metrics
-        if not m: return []
-        have = [_name_of(f) for f in self.trainer.metrics]
-        if m is True: return have
-        names = [x if isinstance(x, str) else _name_of(x) for x in m]
-        missing = [x for x in names if x not in have]
-        if missing: warnings.warn(f"LivePlot: {missing} not among the trainer's metrics {have}: "
-                                  "drawn only if the epoch results hold them")
-        return names
-
-    def _beta(self) -> float:
-        "The smoothing factor: `beta`, or by default one whose window is about 1/20 of the fit (at most 50 steps)."
-        return self.beta if self.beta is not None else auto_beta(getattr(self, '_x_end', None))
-
+# %% ../nbs/04_liveplot.ipynb #c0c23a03
+class _PlotFigure:
+    "Makes `LivePlot`'s figure: the loss and learning-rate panels, and the metrics panel when asked for."
     def _make_figure(self):
         from matplotlib.figure import Figure
         from matplotlib.backends.backend_agg import FigureCanvasAgg
@@ -214,12 +124,18 @@ class LivePlot(MainProcessHook):
             if len(names) > 1: self.ax_metric.legend(loc='center right', fontsize=8, frameon=False)
         self._axes = [a for a in (self.ax_loss, self.ax_lr, self.ax_metric) if a is not None]
         for a in self._axes:
-            a.tick_params(labelsize=8); a.grid(alpha=0.3); a.set_xlabel('step', fontsize=9)
-            _few_ticks(a.xaxis); _few_ticks(a.yaxis)
+            a.tick_params(labelsize=8)
+            a.grid(alpha=0.3)
+            a.set_xlabel('step', fontsize=9)
+            _few_ticks(a.xaxis)
+            _few_ticks(a.yaxis)
         self._lines = [self.l_raw, self.l_train, self.l_valid, self.l_lr, *self.l_metrics.values()]
         self.fig, self._bg, self._bg_key, self._fig_names = fig, None, None, names
         self.setup_time = time.perf_counter() - t
 
+# %% ../nbs/04_liveplot.ipynb #360db9bf
+class _PlotCurves:
+    "Puts the recorded curves into `LivePlot`'s figure and renders it as PNG bytes."
     def _update_figure(self, arr: dict):
         if self.fig is None or self._fig_names != self.metric_names: self._make_figure()
         step = np.asarray(arr.get('step', ()), dtype=np.float64)
@@ -228,12 +144,16 @@ class LivePlot(MainProcessHook):
         vloss = np.asarray(arr.get('valid_loss', ()), dtype=np.float64)
         lr = np.asarray(arr.get('lr', ()), dtype=np.float64)
         sm = smooth_steps(step, loss, self._beta())
-        self.l_raw.set_data(step, loss); self.l_train.set_data(step, sm)
-        self.l_valid.set_data(vstep, vloss); self.l_lr.set_data(step[:len(lr)], lr)
+        self.l_raw.set_data(step, loss)
+        self.l_train.set_data(step, sm)
+        self.l_valid.set_data(vstep, vloss)
+        self.l_lr.set_data(step[:len(lr)], lr)
         mvals, msteps = [], [vstep]
         for name, line in self.l_metrics.items():
             ms, mv = self.rec.per_epoch(name)
-            line.set_data(ms, mv); mvals.append(mv); msteps.append(ms)
+            line.set_data(ms, mv)
+            mvals.append(mv)
+            msteps.append(ms)
         log = self.log_loss
         if self.ax_loss.get_yscale() != ('log' if log else 'linear'):
             self.ax_loss.set_yscale('log' if log else 'linear')
@@ -273,3 +193,119 @@ class LivePlot(MainProcessHook):
         PILImage.frombuffer('RGBA', (w, h), canvas.buffer_rgba(), 'raw', 'RGBA', 0, 1).convert('RGB').save(
             buf, format='png', compress_level=3)
         return buf.getvalue()
+
+# %% ../nbs/04_liveplot.ipynb #11217048
+class _PlotDrawing:
+    "When and where `LivePlot` draws: throttled live redraws, the view, the file."
+    def _live_redraw(self):
+        "Redraw, unless the fit should end before the next redraw would be due: the final picture comes then."
+        now, st = time.perf_counter(), self.trainer.state
+        done = st.iteration - self._it0
+        if self._its and done:
+            left = (now - self._t0) * (self._its - done) / done   # estimated seconds of training left
+            if left < self.every:
+                self._next = now + max(left, 0.05)   # look again after the estimated end (a slower end still redraws)
+                return
+        self.redraw()
+    def redraw(self, final: bool = False) -> bytes:
+        "Draw the current curves now; update the widget and/or the file; returns the PNG bytes."
+        t, fig = time.perf_counter(), self.fig
+        png = self.png()
+        if self.view is not None and not final: self.view.show(png)
+        if self.path is not None and (final or self.save_every_draw):
+            with open(self.path, 'wb') as f: f.write(png)
+        now = time.perf_counter()
+        d = now - t
+        self.draw_time += d
+        self.n_draws += 1
+        # a draw that made the figure (and imported matplotlib) costs more than the next ones: it doesn't set the pace
+        self._next = now + (self.every if self.fig is not fig else max(self.every, d / self.max_share))
+        return png
+    def png(self) -> bytes:
+        "The curves as PNG bytes, drawn now (e.g. to show with `IPython.display.Image` after a fit)."
+        if self.rec is None: raise RuntimeError("Nothing to draw yet: the plot reads its Recorder when a fit starts")
+        self._update_figure(self._bins.arrays())
+        self.last_png = self._render()
+        return self.last_png
+    def _metric_names(self) -> list[str]:
+        "The metrics the third panel shows (none: no third panel)."
+        from trainer_nb.core import _name_of
+        m = self.metrics
+        if not m: return []
+        have = [_name_of(f) for f in self.trainer.metrics]
+        if m is True: return have
+        names = [x if isinstance(x, str) else _name_of(x) for x in m]
+        missing = [x for x in names if x not in have]
+        if missing: warnings.warn(f"LivePlot: {missing} not among the trainer's metrics {have}: "
+                                  "drawn only if the epoch results hold them")
+        return names
+    def _beta(self) -> float:
+        "The smoothing factor: `beta`, or by default one whose window is about 1/20 of the fit (at most 50 steps)."
+        return self.beta if self.beta is not None else auto_beta(getattr(self, '_x_end', None))
+
+# %% ../nbs/04_liveplot.ipynb #f2212592
+class LivePlot(_PlotDrawing, _PlotCurves, _PlotFigure, MainProcessHook):
+    """Live loss and learning-rate curves (and optionally metrics) in a notebook (ipywidgets + matplotlib); a static
+    PNG at the end of each fit."""
+    order = 30
+
+    def __init__(self, mode: str = 'auto', every: float = 0.5, max_points: int = 500, log_loss: bool = False,
+                 path=None, save_every_draw: bool = False, beta: float | None = None, max_share: float = 0.015,
+                 metrics=None,      # a third panel: True for all the trainer's metrics, or a list of names (or metrics)
+                 figsize=None,      # default: (8, 2.8), or (11.5, 2.8) with the metric panel
+                 dpi: int = 72):
+        _resolve_mode(mode)
+        if not 0 < max_share <= 1: raise ValueError(f"max_share must be in (0, 1], got {max_share!r}")
+        if max_points < 2: raise ValueError(f"max_points must be >= 2, got {max_points!r}")
+        if not (metrics is None or isinstance(metrics, bool) or isinstance(metrics, (list, tuple))):
+            raise TypeError(f"metrics must be None, True or a list of metric names, got {metrics!r}")
+        self.mode, self.every, self.max_points, self.log_loss = mode, every, max_points, log_loss
+        self.path, self.save_every_draw, self.beta, self.max_share = path, save_every_draw, beta, max_share
+        self.metrics, self.figsize, self.dpi = metrics, figsize, dpi
+        self.fig, self.active, self.last_png, self.rec, self._bins = None, None, None, None, None
+        self.view = None
+        self.draw_time, self.n_draws, self.setup_time, self.metric_names = 0.0, 0, 0.0, []
+
+    def before_fit(self):
+        self.active = _resolve_mode(self.mode)
+        self.draw_time, self.n_draws, self.setup_time, self.view = 0.0, 0, 0.0, None
+        self._next = math.inf
+        if self.active == 'off' or (self.active == 'text' and self.path is None): return   # nothing to draw
+        from trainer_nb.recorder import Recorder, Binned
+        try: rec = self.trainer.get_hook(Recorder)
+        except LookupError as e:
+            raise LookupError("LivePlot draws what a Recorder records: add trainer_nb.recorder.Recorder "
+                              f"to the trainer's hooks ({e})") from None
+        if rec is not self.rec or self._bins is None or self._bins.max_points != self.max_points:
+            self.rec, self._bins = rec, Binned(rec, self.max_points)
+        self.metric_names = self._metric_names()
+        if self.active == 'widget': self.view = open_view('liveplot')
+        st, tr = self.trainer.state, self.trainer
+        # the last step of this fit, when the dataloader has a length: the x axis spans the fit from the start
+        self._x_start, self._x_end = st.step + 1, st.step + (st.epochs - st.epoch) * tr.steps_per_epoch
+        self._t0, self._it0 = time.perf_counter(), st.iteration
+        self._its = (st.epochs - st.epoch) * st.n_batches   # batches in this fit (0: unknown)
+        if self.active == 'widget' or self.save_every_draw: self._next = self._t0 + self.every
+    def after_step(self):
+        if time.perf_counter() >= self._next: self._live_redraw()   # 'off', or 'text' without saving: never
+    def after_epoch(self):
+        st = self.trainer.state
+        if st.epoch + 1 < st.epochs and time.perf_counter() >= self._next:   # (the last: after_fit draws)
+            self._live_redraw()
+    def after_fit(self):
+        if self.active in (None, 'off'): return
+        png = None
+        try:
+            if self.active == 'widget' or self.path is not None: png = self.redraw(final=True)
+        except Exception as e:   # never hide the fit's own outcome behind a drawing problem
+            warnings.warn(f"LivePlot could not draw the final curves: {type(e).__name__}: {e}")
+        try:
+            if self.view is not None: self.view.finish(png)
+        except Exception as e:
+            warnings.warn(f"LivePlot could not close its display: {type(e).__name__}: {e}")
+        finally: self.active = None
+
+    @property
+    def widget(self):
+        "The image widget, while a fit runs (None when the plot is shown in another process, or not at all)."
+        return self.view.widget if isinstance(self.view, PlotView) else None
