@@ -1,4 +1,4 @@
-"""`trainer.log` and `log`: values from a train_step, a model's forward and a hook, averaged per epoch into the
+"""`trainer.log` and `log_scalar`: values from a train_step, a model's forward and a hook, averaged per epoch into the
 history and metrics.jsonl, kept through a state_dict round trip; what is refused."""
 import json
 import math
@@ -19,15 +19,15 @@ class Logs(torch.nn.Module):
         super().__init__()
         self.net = small_model()
     def forward(self, x):
-        from trainer_nb.core import log
+        from trainer_nb.core import log_scalar
         out = self.net(x)
-        log('out_mean', out.mean())
+        log_scalar('out_mean', out.mean())
         return out
 
 
 def test_log_from_step_model_and_hook_into_history_and_metrics_jsonl(tmp_path):
     from trainer_nb.checkpoint import MetricsLog, read_metrics
-    from trainer_nb.core import Hook, Trainer, log
+    from trainer_nb.core import Hook, Trainer, log_scalar
     from trainer_nb.recorder import Recorder
     seen = {'out_mean': [], 'x_abs': []}
     def step(batch, t):
@@ -39,7 +39,7 @@ def test_log_from_step_model_and_hook_into_history_and_metrics_jsonl(tmp_path):
         return {'loss': F.mse_loss(out, y)}
     class Every(Hook):
         def after_step(self): self.trainer.log('iteration', self.trainer.state.iteration)   # a plain number
-    log('nothing', 1.)   # no fit running: does nothing
+    log_scalar('nothing', 1.)   # no fit running: does nothing
     t = Trainer(Logs(), DataLoader(regression_ds(), batch_size=8), DataLoader(regression_ds(seed=1), batch_size=16),
                 train_step=step, eval_step=lambda b, t: {'loss': F.mse_loss(t.model(b[0]), b[1])},
                 hooks=[Recorder(), Every(), MetricsLog(tmp_path)], default_hooks=False, sync_every=4)
@@ -53,7 +53,7 @@ def test_log_from_step_model_and_hook_into_history_and_metrics_jsonl(tmp_path):
     m = read_metrics(tmp_path)
     ep = m[m.kind == 'epoch']
     assert ep['x_abs'].tolist() == pytest.approx(h['x_abs'].tolist())
-    t.evaluate()   # the model's log() does nothing outside fit (and did nothing while fit validated)
+    t.evaluate()   # the model's log_scalar() does nothing outside fit (and did nothing while fit validated)
     assert len(t.logged['out_mean'].values) == 12
 
 

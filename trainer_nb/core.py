@@ -10,7 +10,7 @@ from dataclasses import dataclass, asdict
 
 # %% auto #0
 __all__ = ['EVENTS', 'CancelStep', 'CancelEpoch', 'CancelFit', 'Hook', 'MainProcessHook', 'StepState', 'LossLog', 'rng_state',
-           'set_rng_state', 'log', 'Trainer', 'PrintMetrics']
+           'set_rng_state', 'log_scalar', 'Trainer', 'PrintMetrics']
 
 # %% ../nbs/00_core.ipynb #543cf893
 import numpy as np
@@ -530,7 +530,7 @@ class _Epoch:
         """Move pending losses to the host (one transfer) and check every loss moved since the last check: with
         `nan_policy='raise'` a non-finite one raises, naming its epoch, batch and iteration. Hooks that need the losses call this."""
         self.losses.flush()
-        for lg in self.logged.values(): lg.flush()   # (what `log` recorded travels with the losses)
+        for lg in self.logged.values(): lg.flush()   # (what `trainer.log` recorded travels with the losses)
         bad = self.losses.check()
         if bad is None or self.nan_policy == 'skip': return
         s = self.state   # (the losses not checked yet are all of the current epoch: it is checked in full at its end)
@@ -638,7 +638,7 @@ class _Fit:
         self.accelerator.gradient_accumulation_steps = self.grad_accum   # process-wide in Accelerate: set it per fit
         if resume is not None: _load(self.resume_func)(self, resume)   # after the scheduler is built: it loads its state
         self.fitting, self.cancelled, self._phase = True, None, None
-        _ACTIVE.append(self)   # where `log` sends values
+        _ACTIVE.append(self)   # where `log_scalar` sends values
         self.model.train()
         try:
             _call(self, 'before_fit')
@@ -690,7 +690,7 @@ class _Fit:
                 self.epoch_results.update(self.evaluate())
                 if ev['after_valid']: _call(self, 'after_valid')
             except CancelEpoch: pass   # from before_valid: no validation; from after_valid: its remaining hooks skipped
-        self.epoch_results.update(self._logged_means())   # what `log` recorded, this epoch's mean
+        self.epoch_results.update(self._logged_means())   # what `trainer.log` recorded: this epoch's means
         self.epoch_results['time'], self._phase = time.perf_counter() - t0, 'epoch'
         try:
             if ev['after_epoch']: _call(self, 'after_epoch')
@@ -1051,9 +1051,9 @@ class _Steps:
         for k, v in saved.items(): self.schedulers[k].load_state_dict(v)
 
 # %% ../nbs/00_core.ipynb #7af55f30
-_ACTIVE = []   # the trainers whose fit is running (the innermost last): where `log` sends its values
+_ACTIVE = []   # the trainers whose fit is running (the innermost last): where `log_scalar` sends values
 
-def log(name: str, value):
+def log_scalar(name: str, value):
     "Log `value` under `name` to the trainer whose `fit` is training (from a model's `forward`...); else nothing."
     if _ACTIVE and _ACTIVE[-1]._phase == 'train': _ACTIVE[-1].log(name, value)
 
@@ -1212,7 +1212,7 @@ class Trainer(_Steps, _Logging, _Hooks, _Epoch, _Fit, _Eval, _State, _Shortcuts)
         self.train_dl, self.valid_dl = train_dl, valid_dl
         self._prepared, self._resume_at, self._epoch_start, self._phase = {}, None, 0, None
         self.state, self.losses, self.hooks, self.fitting = StepState(), LossLog(), [], False
-        self.logged, self._log_marks = {}, {}   # `log`: name -> LossLog of the values logged; read up to here
+        self.logged, self._log_marks = {}, {}   # `trainer.log`: name -> LossLog of the values logged; read up to here
         self.batch = self.preds = self.loss = self.out = None
         self.valid_results, self.epoch_results, self.cancelled, self.eval_samples = {}, {}, None, None
         self.config = None   # the config that rebuilds this trainer, when `from_config` made it
