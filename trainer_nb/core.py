@@ -734,8 +734,8 @@ def _plain(v):
     return v
 
 # %% ../nbs/00_core.ipynb #92645643
-def _run_eval(t, dl, keep_preds: bool):
-    "Mean loss, sample count and (optionally) gathered preds/targets over `dl`."
+def _run_eval(t, dl, keep_preds: bool, stream=()):
+    "Mean loss, sample count and (optionally) gathered preds/targets over `dl`; `stream`: metrics updated per batch."
     if dl is None: raise ValueError("No dataloader to evaluate on: pass one, or give the Trainer a valid_dl")
     if _has_len(dl) == 0: raise ValueError("The evaluation dataloader yields no batches (is the dataset empty?)")
     acc, pdl = t.accelerator, t._prepare_dl(dl)
@@ -757,9 +757,13 @@ def _run_eval(t, dl, keep_preds: bool):
                         loss = t.loss_func(out['preds'][:real], out['targets'][:real]) if real else torch.zeros(())
                     totals[0] += _check_loss(loss.detach(), "the evaluation loss").double() * real
                 totals[1] += real
+                if keep_preds or stream:
+                    p, y = acc.gather_for_metrics(out.get('preds')), out.get('targets')
+                    y = None if y is None else acc.gather_for_metrics(y)
+                    _update_streaming(stream, p, y)
                 if keep_preds:
-                    preds.append(_to_cpu(acc.gather_for_metrics(out.get('preds'))))
-                    if out.get('targets') is not None: targets.append(_to_cpu(acc.gather_for_metrics(out['targets'])))
+                    preds.append(_to_cpu(p))
+                    if y is not None: targets.append(_to_cpu(y))
     finally:
         t.model.train(was_training)
         if hasattr(pdl, 'end'): pdl.end()   # left part-way by an error: no longer the loader Accelerate tracks
@@ -774,9 +778,13 @@ class _Eval:
     "Evaluation and prediction: no events, gathered from every process."
     def evaluate(self, dl=None) -> dict:
         "`{'valid_loss': ..., <metric>: ...}` over `dl` (default: `valid_dl`), gathered from all processes."
-        loss, preds, targets = _run_eval(self, dl if dl is not None else self.valid_dl, keep_preds=bool(self.metrics))
-        res = {'valid_loss': loss}
+        stream = [m for m in self.metrics if _is_streaming(m)]
+        for m in stream: m.reset()
+        loss, preds, targets = _run_eval(self, dl if dl is not None else self.valid_dl,
+                                         keep_preds=len(stream) < len(self.metrics), stream=stream)
+        res = {'valid_loss': loss, **{_name_of(m): _plain(m.compute()) for m in stream}}
         for m in self.metrics:
+            if _is_streaming(m): continue
             name = _name_of(m)
             if targets is None: raise ValueError(f"Metric {name!r} needs targets, but the evaluation batches have none")
             try: v = m(preds, targets)
@@ -793,6 +801,18 @@ class _Eval:
         "`(preds, targets)` over `dl`, gathered from all processes, on the CPU (`targets` is None for unlabelled batches)."
         _, preds, targets = _run_eval(self, dl, keep_preds=True)
         return preds, targets
+
+# %% ../nbs/00_core.ipynb #91990a34
+def _is_streaming(m) -> bool:
+    "Is `m` a streaming metric (methods `reset`, `update`, `compute`) rather than a `(preds, targets)` callable?"
+    return all(callable(getattr(m, k, None)) for k in ('reset', 'update', 'compute'))
+
+def _update_streaming(metrics, preds, targets):
+    for m in metrics:
+        try: m.update(preds, targets)
+        except Exception as e:
+            _annotate(e, f"raised by streaming metric {_name_of(m)!r} in update(preds, targets)")
+            raise
 
 # %% ../nbs/00_core.ipynb #08263377
 _LOADER_COUNTERS = ('iteration', 'epoch', 'end_of_dataloader', 'remainder')
@@ -1125,7 +1145,9 @@ def _check_args(model, mixed_precision, grad_accum, nan_policy, lr, metrics):
     if lr is not None and not (isinstance(lr, (int, float)) and lr > 0):
         raise ValueError(f"lr must be a positive number, got {lr!r}")
     for m in metrics:
-        if not callable(m): raise TypeError(f"metrics must be callables (preds, targets) -> number, got {m!r}")
+        if not (callable(m) or _is_streaming(m)):
+            raise TypeError(f"metrics must be callables (preds, targets) -> number, or streaming metrics (reset, "
+                            f"update, compute), got {m!r}")
     names = [_name_of(m) for m in metrics]   # the keys of their results
     for n in names:
         if names.count(n) > 1:
