@@ -31,7 +31,7 @@ def by_hand(epochs, decay, every, warmup, lr=0.05):
 @pytest.mark.parametrize('every,warmup,device', [(1, True, None), (3, False, 'cpu')])
 def test_average_matches_a_hand_written_loop(every, warmup, device):
     from trainer_nb.core import Trainer
-    from trainer_nb.ema import EMA
+    from trainer_nb.hooks import EMA
     model, avg, n = by_hand(2, 0.9, every, warmup)
     ema = EMA(decay=0.9, every=every, warmup=warmup, device=device)
     t = Trainer(small_model(), DataLoader(regression_ds(), batch_size=8), loss_func=F.mse_loss,
@@ -46,7 +46,7 @@ def test_average_matches_a_hand_written_loop(every, warmup, device):
 def test_resumed_from_a_checkpoint_the_average_is_bitwise_the_same(tmp_path):
     from trainer_nb.checkpoint import Checkpoint, list_checkpoints
     from trainer_nb.core import Trainer
-    from trainer_nb.ema import EMA
+    from trainer_nb.hooks import EMA
     def make(d):
         torch.manual_seed(0)
         ema = EMA(decay=0.95, evaluate=True)
@@ -67,7 +67,7 @@ def test_resumed_from_a_checkpoint_the_average_is_bitwise_the_same(tmp_path):
 
 def test_weights_put_back_when_validation_fails():
     from trainer_nb.core import Trainer
-    from trainer_nb.ema import EMA
+    from trainer_nb.hooks import EMA
     def bad_metric(preds, targets): raise RuntimeError("metric broke")
     ema = EMA(evaluate=True)
     t = Trainer(small_model(), DataLoader(regression_ds(), batch_size=8), DataLoader(regression_ds(), batch_size=8),
@@ -80,7 +80,7 @@ def test_weights_put_back_when_validation_fails():
 
 def test_refusals():
     from trainer_nb.core import Trainer
-    from trainer_nb.ema import EMA
+    from trainer_nb.hooks import EMA
     with pytest.raises(ValueError, match='decay must be in'): EMA(decay=1.)
     with pytest.raises(ValueError, match='every must be an int'): EMA(every=0)
     ema = EMA()

@@ -15,7 +15,7 @@ from .lr_find import *
 from .checkpoint import *
 from .registry import *
 from .cli import *
-from .ema import *
+from .hooks import *
 from .metrics import *
 # a new module: add its `from trainer_nb.module import *` line above
 
