@@ -981,7 +981,7 @@ class _Shortcuts:
 # %% ../nbs/00_core.ipynb #f7299be7
 _STEP_PARTS = ('backward', 'optimizer_step', 'zero_grad')
 
-def _prepare_optimizers(acc, model, opt_func, optimizers, lr):
+def _prepare_optimizers(acc, model, opt_func, optimizers, lr, compile=False):
     "`(model, {name: optimizer})` prepared by Accelerate from `optimizers` (instances or `f(model)`) or `opt_func`."
     if optimizers is None: opts = {'opt': _make_optimizer(opt_func, model, lr)}
     else:
@@ -996,6 +996,9 @@ def _prepare_optimizers(acc, model, opt_func, optimizers, lr):
                                 f"got {type(o).__name__}")
             opts[k] = _make_optimizer(o, model, None)   # (checks its first group's LR)
     model, *prepared = acc.prepare(model, *opts.values())
+    if compile:   # after `prepare`: Accelerate saves and loads the model itself, with its own parameter names
+        if not isinstance(compile, (bool, Mapping)): raise TypeError(f"compile must be True or a dict, got {compile!r}")
+        model = torch.compile(model, **(compile if isinstance(compile, Mapping) else {}))
     return model, dict(zip(opts, prepared))
 
 def _step_parts(t, opt, backward):
@@ -1069,6 +1072,21 @@ class _Steps:
             raise ValueError(f"The state has schedulers for {sorted(saved)}, this trainer for "
                              f"{sorted(self.schedulers)}")
         for k, v in saved.items(): self.schedulers[k].load_state_dict(v)
+
+# %% ../nbs/00_core.ipynb #387c9236
+class _CompileTime(Hook):
+    "Times the first training step of a compiled model (compilation included): `trainer.compile_time`, printed once."
+    order = -1000
+    def __init__(self): self.t0 = None
+
+    def before_step(self):
+        if self.t0 is None: self.t0 = time.perf_counter()
+
+    def after_step(self):
+        t = self.trainer
+        if self.t0 is None or getattr(t, 'compile_time', None) is not None: return
+        t.compile_time = time.perf_counter() - self.t0
+        if t.is_main_process: print(f"compiled the model: the first step took {t.compile_time:.1f} s", flush=True)
 
 # %% ../nbs/00_core.ipynb #7af55f30
 _ACTIVE = []   # the trainers whose fit is running (the innermost last): where `log_scalar` sends values
@@ -1208,7 +1226,8 @@ class Trainer(_Steps, _Logging, _Hooks, _Epoch, _Fit, _Eval, _State, _Shortcuts)
                  log_with=None, project_dir=None,  # experiment trackers, as Accelerate's `log_with` (e.g. 'tensorboard')
                  accelerator: Accelerator | None = None,  # or your own; it then decides the five arguments above
                  optimizers: dict | None = None,  # named optimizers (instances or `f(model)`), in place of opt_func
-                 manual: bool = False):  # train_step optimizes by hand (`trainer.backward`, `trainer.step`)
+                 manual: bool = False,  # train_step optimizes by hand (`trainer.backward`, `trainer.step`)
+                 compile: bool | dict = False):  # torch.compile the model (a dict: its keyword arguments)
         _check_args(model, mixed_precision, grad_accum, nan_policy, lr, metrics)
         if accelerator is not None:
             given = [n for n, v, default in (('mixed_precision', mixed_precision, 'no'), ('grad_accum', grad_accum, 1),
@@ -1226,7 +1245,7 @@ class Trainer(_Steps, _Logging, _Hooks, _Epoch, _Fit, _Eval, _State, _Shortcuts)
         self.loss_func, self.train_step, self.eval_step, self.metrics = loss_func, train_step, eval_step, list(metrics)
         self.max_grad_norm, self.nan_policy, self.sync_every = max_grad_norm, nan_policy, sync_every
         self.scheduler_func, self.scheduler = scheduler, None
-        self.model, self.optimizers = _prepare_optimizers(self.accelerator, model, opt_func, optimizers, lr)
+        self.model, self.optimizers = _prepare_optimizers(self.accelerator, model, opt_func, optimizers, lr, compile)
         self.opt, self.schedulers, self.manual = next(iter(self.optimizers.values())), {}, manual
         if len(self.optimizers) > 1 and not manual: raise ValueError("Several optimizers need manual=True")
         if manual and train_step is None: raise ValueError("manual=True needs a train_step that optimizes")
@@ -1238,14 +1257,16 @@ class Trainer(_Steps, _Logging, _Hooks, _Epoch, _Fit, _Eval, _State, _Shortcuts)
         self.batch = self.preds = self.loss = self.out = None
         self.valid_results, self.epoch_results, self.cancelled, self.eval_samples = {}, {}, None, None
         self.config = None   # the config that rebuilds this trainer, when `from_config` made it
-        self.add_hooks(*[_load(h)() for h in (type(self).default_hooks if default_hooks else [])], *hooks)
+        self.add_hooks(*[_load(h)() for h in (type(self).default_hooks if default_hooks else [])], *hooks,
+                       *([_CompileTime()] if compile else []))
 
     @property
     def device(self) -> torch.device: return self.accelerator.device
     @property
     def is_main_process(self) -> bool: return self.accelerator.is_main_process
     @property
-    def unwrapped_model(self) -> torch.nn.Module: return self.accelerator.unwrap_model(self.model)
+    def unwrapped_model(self) -> torch.nn.Module:
+        return self.accelerator.unwrap_model(self.model, keep_torch_compile=False)   # (not the compiled wrapper)
 
 # %% ../nbs/00_core.ipynb #d5bda1bd
 def _fmt(v):
