@@ -99,8 +99,23 @@ def redraw_share(steps=20_000):
           f"{wall:.1f} s wall (plot: {plot.n_draws} draws, {plot.draw_time:.3f} s; dashboard: {prog.n_draws} "
           f"redraws, {prog.draw_time:.3f} s; one-time figure setup {plot.setup_time:.3f} s)")
 
+def trainer_list_profiler(steps):
+    "The trainer fed from a list, with the Profiler hook (samples/s, step time, data wait, peak memory)."
+    from trainer_nb.core import Trainer
+    from trainer_nb.hooks import Profiler
+    model, batches = make_list(steps)
+    tr = Trainer(model, batches, loss_func=F.cross_entropy, opt_func=torch.optim.SGD, lr=0.01, cpu=True,
+                 default_hooks=False, hooks=[Profiler()])
+    t = time.perf_counter()
+    tr.fit(1)
+    return steps / (time.perf_counter() - t)
+
 CONTENDERS = {'raw loop': raw_loop, 'trainer (no hooks)': trainer_no_hooks, 'trainer (notebook defaults)': trainer_notebook,
               'raw loop (batches in a list)': raw_list, 'trainer (batches in a list, no hooks)': trainer_list}
+try:
+    import trainer_nb.hooks   # (a checkout from before the Profiler runs without this contender)
+    CONTENDERS['trainer (batches in a list, Profiler)'] = trainer_list_profiler
+except ImportError: pass
 
 # ---- on a GPU ----
 

@@ -16,6 +16,8 @@ from .checkpoint import *
 from .registry import *
 from .cli import *
 from .launch import *
+from .hooks import *
+from .metrics import *
 # a new module: add its `from trainer_nb.module import *` line above
 
 # %% ../nbs/09_all.ipynb #43572147

@@ -10,7 +10,7 @@ from dataclasses import dataclass, asdict
 
 # %% auto #0
 __all__ = ['EVENTS', 'CancelStep', 'CancelEpoch', 'CancelFit', 'Hook', 'MainProcessHook', 'StepState', 'LossLog', 'rng_state',
-           'set_rng_state', 'Trainer', 'PrintMetrics']
+           'set_rng_state', 'log_scalar', 'Trainer', 'PrintMetrics']
 
 # %% ../nbs/00_core.ipynb #543cf893
 import numpy as np
@@ -447,8 +447,9 @@ def _batch_fn(t):
     plain = acc.scaler is None and acc.distributed_type in (DistributedType.NO, DistributedType.MULTI_CPU,
                                                               DistributedType.MULTI_GPU)
     opt = t.opt.optimizer if plain else t.opt   # Accelerate's wrapper adds nothing here: call the optimizer itself
-    opt_step, zero_grad, drop_grad, scaler = opt.step, opt.zero_grad, t.opt.optimizer.zero_grad, acc.scaler
-    backward = torch.Tensor.backward if plain and every_batch else acc.backward
+    backward, opt_step, zero_grad, drop_grad, clip = _step_parts(
+        t, opt, torch.Tensor.backward if plain and every_batch else acc.backward)   # a subclass's own, if it has them
+    scaler, manual = acc.scaler, t.manual
     skip_nan, accumulate = t.nan_policy == 'skip', None if every_batch else acc.accumulate
     rows = _batch_size if n_procs == 1 else lambda batch: _rows_everywhere(acc, _batch_size(batch))
 
@@ -467,11 +468,14 @@ def _batch_fn(t):
                 warnings.warn(f"Skipped batch {s.batch} of epoch {s.epoch} (iteration {s.iteration}): " + (
                     f"non-finite loss {v}" if not math.isfinite(v) else "non-finite loss on another process"))
                 raise CancelStep()
+        if manual:   # train_step has made its own backward passes and steps
+            if s.opt_stepped: s.step += 1
+            return
         backward(loss)
         t._backward_done = True
         if after_backward: call(t, 'after_backward')
         if every_batch or acc.sync_gradients:
-            if t.max_grad_norm is not None: acc.clip_grad_norm_(model.parameters(), t.max_grad_norm)
+            if clip: acc.clip_grad_norm_(model.parameters(), t.max_grad_norm)
             opt_step()
             if scaler is None or not t.opt.step_was_skipped:
                 s.step += 1
@@ -527,6 +531,7 @@ class _Epoch:
         `nan_policy='raise'` a non-finite one raises, naming its epoch, batch and iteration. Hooks that need the
         losses call this."""
         self.losses.flush()
+        for lg in self.logged.values(): lg.flush()   # (what `trainer.log` recorded travels with the losses)
         bad = self.losses.check()
         if bad is None or self.nan_policy == 'skip': return
         s = self.state   # (the losses not checked yet are all of the current epoch: it is checked in full at its end)
@@ -575,13 +580,18 @@ def _check_fit(t, epochs):
     if t.fitting: raise RuntimeError("fit is already running")
 
 def _build_scheduler(t, epochs):
-    for g in t.opt.param_groups: g.pop('initial_lr', None)
-    if t.scheduler_func is None:
-        t.scheduler = None
-        return
+    "`t.schedulers`, one per optimizer that has one (`scheduler=`: a factory for each, or `{name: factory}`)."
+    for o in t.optimizers.values():
+        for g in o.param_groups: g.pop('initial_lr', None)
+    f = t.scheduler_func
+    funcs = {} if f is None else dict(f) if isinstance(f, Mapping) else {k: f for k in t.optimizers}
+    if funcs.keys() - t.optimizers.keys():
+        raise ValueError(f"scheduler= names {sorted(funcs.keys() - t.optimizers.keys())}, not among the optimizers")
     per_epoch = t.steps_per_epoch
-    if per_epoch == 0: raise ValueError("A scheduler needs a train_dl with a length to know the number of steps")
-    t.scheduler = t.scheduler_func(t.opt.optimizer, epochs * per_epoch)
+    if funcs and per_epoch == 0:
+        raise ValueError("A scheduler needs a train_dl with a length to know the number of steps")
+    t.schedulers = {k: g(t.optimizers[k].optimizer, epochs * per_epoch) for k, g in funcs.items() if g is not None}
+    t.scheduler = t.schedulers.get(next(iter(t.optimizers)))
 
 def _where(t) -> str:
     "Where the loop is, for an error's note."
@@ -605,7 +615,7 @@ def _drop_unfinished(t):
     acc = t.accelerator
     acc.gradient_state._set_sync_gradients(True)   # (no public setter) the next batch starts a new group
     acc.step = 0
-    t.opt.optimizer.zero_grad(set_to_none=True)   # mid-group too, unlike Accelerate's wrapper
+    for o in t.optimizers.values(): o.optimizer.zero_grad(set_to_none=True)   # mid-group too, unlike Accelerate's
 
 def _epoch_train_loss(t, first) -> float:
     "Mean training loss of the epoch's batches (skipped ones left out), averaged over processes."
@@ -629,6 +639,7 @@ class _Fit:
         self.accelerator.gradient_accumulation_steps = self.grad_accum   # process-wide in Accelerate: set it per fit
         if resume is not None: _load(self.resume_func)(self, resume)   # after the scheduler is built: loads its state
         self.fitting, self.cancelled, self._phase = True, None, None
+        _ACTIVE.append(self)   # where `log_scalar` sends values
         self.model.train()
         try:
             _call(self, 'before_fit')
@@ -648,6 +659,7 @@ class _Fit:
         finally:
             _cleanup(self)
             self.fitting, self._phase = False, None
+            _ACTIVE.remove(self)
             _call_all(self, 'after_fit')
 
     def _one_epoch(self, dl):
@@ -679,6 +691,7 @@ class _Fit:
                 self.epoch_results.update(self.evaluate())
                 if ev['after_valid']: _call(self, 'after_valid')
             except CancelEpoch: pass   # from before_valid: no validation; from after_valid: its remaining hooks skipped
+        self.epoch_results.update(self._logged_means())   # what `trainer.log` recorded: this epoch's means
         self.epoch_results['time'], self._phase = time.perf_counter() - t0, 'epoch'
         try:
             if ev['after_epoch']: _call(self, 'after_epoch')
@@ -692,6 +705,9 @@ def _eval_batch(t, batch) -> dict:
         xs, y = _split(batch)
         preds = t.model(*xs)
         return {'loss': t.loss_func(preds, y) if y is not None else None, 'preds': preds, 'targets': y}
+    if t.train_step is not None and t.manual:
+        raise ValueError("With manual=True, train_step changes the weights: pass eval_step= (or loss_func=) "
+                         "to evaluate")
     if t.train_step is not None: return _check_out(t.train_step(batch, t))
     out = t.model(**batch)
     loss = out.get('loss') if isinstance(out, Mapping) else getattr(out, 'loss', None)
@@ -719,8 +735,8 @@ def _plain(v):
     return v
 
 # %% ../nbs/00_core.ipynb #92645643
-def _run_eval(t, dl, keep_preds: bool):
-    "Mean loss, sample count and (optionally) gathered preds/targets over `dl`."
+def _run_eval(t, dl, keep_preds: bool, stream=()):
+    "Mean loss, sample count and (optionally) gathered preds/targets over `dl`; `stream`: metrics updated per batch."
     if dl is None: raise ValueError("No dataloader to evaluate on: pass one, or give the Trainer a valid_dl")
     if _has_len(dl) == 0: raise ValueError("The evaluation dataloader yields no batches (is the dataset empty?)")
     acc, pdl = t.accelerator, t._prepare_dl(dl)
@@ -742,9 +758,13 @@ def _run_eval(t, dl, keep_preds: bool):
                         loss = t.loss_func(out['preds'][:real], out['targets'][:real]) if real else torch.zeros(())
                     totals[0] += _check_loss(loss.detach(), "the evaluation loss").double() * real
                 totals[1] += real
+                if keep_preds or stream:
+                    p, y = acc.gather_for_metrics(out.get('preds')), out.get('targets')
+                    y = None if y is None else acc.gather_for_metrics(y)
+                    _update_streaming(stream, p, y)
                 if keep_preds:
-                    preds.append(_to_cpu(acc.gather_for_metrics(out.get('preds'))))
-                    if out.get('targets') is not None: targets.append(_to_cpu(acc.gather_for_metrics(out['targets'])))
+                    preds.append(_to_cpu(p))
+                    if y is not None: targets.append(_to_cpu(y))
     finally:
         t.model.train(was_training)
         if hasattr(pdl, 'end'): pdl.end()   # left part-way by an error: no longer the loader Accelerate tracks
@@ -759,9 +779,13 @@ class _Eval:
     "Evaluation and prediction: no events, gathered from every process."
     def evaluate(self, dl=None) -> dict:
         "`{'valid_loss': ..., <metric>: ...}` over `dl` (default: `valid_dl`), gathered from all processes."
-        loss, preds, targets = _run_eval(self, dl if dl is not None else self.valid_dl, keep_preds=bool(self.metrics))
-        res = {'valid_loss': loss}
+        stream = [m for m in self.metrics if _is_streaming(m)]
+        for m in stream: m.reset()
+        loss, preds, targets = _run_eval(self, dl if dl is not None else self.valid_dl,
+                                         keep_preds=len(stream) < len(self.metrics), stream=stream)
+        res = {'valid_loss': loss, **{_name_of(m): _plain(m.compute()) for m in stream}}
         for m in self.metrics:
+            if _is_streaming(m): continue
             name = _name_of(m)
             if targets is None: raise ValueError(f"Metric {name!r} needs targets, but the evaluation batches have none")
             try: v = m(preds, targets)
@@ -778,6 +802,18 @@ class _Eval:
         "`(preds, targets)` over `dl`, gathered from all processes, on the CPU (`targets` None if unlabelled)."
         _, preds, targets = _run_eval(self, dl, keep_preds=True)
         return preds, targets
+
+# %% ../nbs/00_core.ipynb #91990a34
+def _is_streaming(m) -> bool:
+    "Is `m` a streaming metric (methods `reset`, `update`, `compute`) rather than a `(preds, targets)` callable?"
+    return all(callable(getattr(m, k, None)) for k in ('reset', 'update', 'compute'))
+
+def _update_streaming(metrics, preds, targets):
+    for m in metrics:
+        try: m.update(preds, targets)
+        except Exception as e:
+            _annotate(e, f"raised by streaming metric {_name_of(m)!r} in update(preds, targets)")
+            raise
 
 # %% ../nbs/00_core.ipynb #08263377
 _LOADER_COUNTERS = ('iteration', 'epoch', 'end_of_dataloader', 'remainder')
@@ -803,7 +839,7 @@ class _Rewind:
         cpu = lambda x: None if x is None else x.detach().to('cpu', copy=True)
         self.tensors = [(p, cpu(p), cpu(p.grad)) for p in itertools.chain(model.parameters(), model.buffers())]
         self.training = [(m, m.training) for m in model.modules()]
-        self.opt = _to_cpu(t.opt.state_dict(), clone=True)
+        self.opts = {k: _to_cpu(o.state_dict(), clone=True) for k, o in t.optimizers.items()}
         self.scaler = None if scaler is None else copy.deepcopy(scaler.state_dict())
         self.rng, self.counters = rng_state(self.loader), _loader_counters(self.loader)
         self.own = copy.deepcopy(t.state_dict(hooks=hooks))
@@ -818,7 +854,7 @@ class _Rewind:
                 elif p.grad is None: p.grad = g.to(p.device)
                 else: p.grad.copy_(g)
         for m, training in self.training: m.training = training
-        t.opt.load_state_dict(self.opt)
+        for k, o in t.optimizers.items(): o.load_state_dict(self.opts[k])
         if self.scaler is not None: t.accelerator.scaler.load_state_dict(self.scaler)
         for k, v in self.attrs.items(): setattr(t, k, v)
         t.load_state_dict(self.own)
@@ -944,6 +980,179 @@ class _Shortcuts:
                               f"{[h.name for h in self.hooks]}); add one trainer_nb.recorder.Recorder")
         return keepers[0].history
 
+# %% ../nbs/00_core.ipynb #f7299be7
+_STEP_PARTS = ('backward', 'optimizer_step', 'zero_grad')
+
+def _prepare_optimizers(acc, model, opt_func, optimizers, lr, compile=False):
+    "`(model, {name: optimizer})` prepared by Accelerate from `optimizers` (instances or `f(model)`) or `opt_func`."
+    if optimizers is None: opts = {'opt': _make_optimizer(opt_func, model, lr)}
+    else:
+        if not isinstance(optimizers, Mapping) or not optimizers:
+            raise TypeError("optimizers must be a non-empty dict {name: optimizer or factory(model)}, "
+                            f"got {optimizers!r}")
+        opts = {}
+        for k, o in optimizers.items():
+            o = o if isinstance(o, torch.optim.Optimizer) else o(model)
+            if not isinstance(o, torch.optim.Optimizer):
+                raise TypeError(f"optimizers[{k!r}] must be a torch.optim.Optimizer or make one from the model, "
+                                f"got {type(o).__name__}")
+            opts[k] = _make_optimizer(o, model, None)   # (checks its first group's LR)
+    model, *prepared = acc.prepare(model, *opts.values())
+    if compile:   # after `prepare`: Accelerate saves and loads the model itself, with its own parameter names
+        if not isinstance(compile, (bool, Mapping)): raise TypeError(f"compile must be True or a dict, got {compile!r}")
+        model = torch.compile(model, **(compile if isinstance(compile, Mapping) else {}))
+    return model, dict(zip(opts, prepared))
+
+def _step_parts(t, opt, backward):
+    """This fit's `(backward, optimizer_step, zero_grad, drop_grads, clip)` for the loop: the trainer's own methods
+    where `type(t)` overrides them (looked up once, here), else the fast ones given; `clip`: the loop clips."""
+    mine = {n: getattr(t, n) for n in _STEP_PARTS if getattr(type(t), n) is not getattr(_Steps, n)}
+    if t.manual and t.nan_policy == 'skip':
+        raise ValueError("nan_policy='skip' can't be used with manual=True: train_step has already stepped when "
+                         "the loss is checked; skip the batch in train_step itself")
+    zero = opt.zero_grad
+    if 'zero_grad' in mine: zero = lambda set_to_none=True: mine['zero_grad']()
+    opts = [o.optimizer for o in t.optimizers.values()]
+    drop = opts[0].zero_grad if len(opts) == 1 else lambda set_to_none=True: [o.zero_grad(set_to_none) for o in opts]
+    clip = t.max_grad_norm is not None and 'optimizer_step' not in mine
+    return mine.get('backward', backward), mine.get('optimizer_step', opt.step), zero, drop, clip
+
+# %% ../nbs/00_core.ipynb #65316708
+class _Steps:
+    "The parts of a step a subclass may override, and the helpers a `train_step` uses to optimize by hand."
+    def backward(self, loss: torch.Tensor):
+        """Backward pass of `loss` through Accelerate (scaled under fp16, divided by `grad_accum`); in manual mode,
+        then the `after_backward` hooks."""
+        self.accelerator.backward(loss)
+        self._backward_done = True
+        if self.manual and self.fitting and self._ev['after_backward']: _call(self, 'after_backward')
+
+    def optimizer_step(self):
+        "Clip the gradients to `max_grad_norm` (when set), step the optimizer; the loop then counts it, zeroes them."
+        if self.max_grad_norm is not None: self.accelerator.clip_grad_norm_(self.model.parameters(), self.max_grad_norm)
+        self.opt.step()
+
+    def zero_grad(self, opt=None):
+        "Forget the gradients of optimizer `opt` (a name in `optimizers`, or one of them; default: `trainer.opt`)."
+        self._named_opt(opt)[1].zero_grad(set_to_none=True)
+
+    def step(self, opt=None) -> bool:
+        """After `backward`, in a manual `train_step`: when an accumulation group ends, unscale and clip `opt`'s
+        gradients, step it and its scheduler, zero its gradients. Returns whether the optimizer stepped."""
+        name, o = self._named_opt(opt)
+        acc = self.accelerator
+        if not acc.sync_gradients: return False
+        if self.max_grad_norm is not None:
+            acc.unscale_gradients(o)
+            torch.nn.utils.clip_grad_norm_([p for g in o.param_groups for p in g['params']], self.max_grad_norm)
+        o.step()
+        stepped = acc.scaler is None or not o.step_was_skipped
+        if stepped:
+            self.state.opt_stepped = True
+            if name in self.schedulers: self.schedulers[name].step()
+        o.zero_grad(set_to_none=True)
+        return stepped
+
+    def _named_opt(self, opt):
+        "`(name, optimizer)` for `opt`: a name, one of `optimizers` (or what it wraps), or None for the first."
+        if opt is None: return next(iter(self.optimizers.items()))
+        for k, o in self.optimizers.items():
+            if opt is k or opt is o or opt is o.optimizer or (isinstance(opt, str) and opt == k): return k, o
+        raise KeyError(f"{opt!r} is not one of this trainer's optimizers ({', '.join(self.optimizers)})")
+
+    def state_dict(self, hooks: bool = True) -> dict:
+        "The trainer's own state (see below), with each scheduler's when there are several optimizers."
+        sd = super().state_dict(hooks)
+        if len(self.optimizers) > 1: sd['schedulers'] = {k: s.state_dict() for k, s in self.schedulers.items()}
+        return sd
+
+    def load_state_dict(self, sd: dict):
+        "Put back a `state_dict()` (see below), every scheduler's included."
+        super().load_state_dict(sd)
+        saved = sd.get('schedulers') or {}
+        if len(self.optimizers) > 1 and set(saved) != set(self.schedulers):
+            raise ValueError(f"The state has schedulers for {sorted(saved)}, this trainer for "
+                             f"{sorted(self.schedulers)}")
+        for k, v in saved.items(): self.schedulers[k].load_state_dict(v)
+
+# %% ../nbs/00_core.ipynb #387c9236
+class _CompileTime(Hook):
+    "Times the first training step of a compiled model (compilation included): `trainer.compile_time`, printed once."
+    order = -1000
+    def __init__(self): self.t0 = None
+
+    def before_step(self):
+        if self.t0 is None: self.t0 = time.perf_counter()
+
+    def after_step(self):
+        t = self.trainer
+        if self.t0 is None or getattr(t, 'compile_time', None) is not None: return
+        t.compile_time = time.perf_counter() - self.t0
+        if t.is_main_process: print(f"compiled the model: the first step took {t.compile_time:.1f} s", flush=True)
+
+# %% ../nbs/00_core.ipynb #7af55f30
+_ACTIVE = []   # the trainers whose fit is running (the innermost last): where `log_scalar` sends values
+
+def log_scalar(name: str, value):
+    "Log `value` under `name` to the trainer whose `fit` is training (from a model's `forward`...); else nothing."
+    if _ACTIVE and _ACTIVE[-1]._phase == 'train': _ACTIVE[-1].log(name, value)
+
+class _Logging:
+    "Numbers logged by name during training, averaged per epoch into `epoch_results`."
+    def log(self, name: str, value):
+        "Record `value` (a number or a one-element tensor, kept on its device) under `name`; see above."
+        lg = self.logged.get(name)
+        if lg is None:
+            if not isinstance(name, str) or not name:
+                raise TypeError(f"A logged name must be a non-empty str, got {name!r}")
+            if name in ('epoch', 'train_loss', 'valid_loss', 'time') or name in map(_name_of, self.metrics):
+                raise ValueError(f"Can't log under {name!r}: the trainer reports its own {name!r}")
+            lg = self.logged[name] = LossLog()
+        if isinstance(value, torch.Tensor):
+            if value.numel() != 1:
+                raise ValueError(f"trainer.log({name!r}, ...) needs one number, got a tensor of shape "
+                                 f"{tuple(value.shape)}")
+            lg.append(value.detach().float().reshape(()))
+        else: lg.append(torch.tensor(float(value), device=self.device))
+
+    def _logged_means(self) -> dict:
+        "Each name's mean of its finite values since the last call, over all processes; moves them to the host."
+        names = sorted(self.logged)
+        acc = self.accelerator
+        if acc.num_processes > 1:   # every process reduces the same names, in the same order
+            import torch.distributed as dist
+            everyone = [None] * acc.num_processes
+            dist.all_gather_object(everyone, names)
+            names = sorted(set().union(*everyone))
+        sums = []
+        for k in names:
+            lg = self.logged.setdefault(k, LossLog())
+            v = lg.slice(self._log_marks.get(k, 0), len(lg)).double()
+            v = v[torch.isfinite(v)]
+            sums.append([v.sum().item(), len(v)])
+            self._log_marks[k] = len(lg)
+        if not names: return {}
+        tot = torch.tensor(sums, dtype=torch.float64, device=acc.device)
+        if acc.num_processes > 1: tot = acc.reduce(tot, 'sum')
+        return {k: (s / n if n else math.nan) for k, (s, n) in zip(names, tot.tolist())}
+
+    def state_dict(self, hooks: bool = True) -> dict:
+        "The trainer's own state (see below), with the values logged so far."
+        sd = super().state_dict(hooks)
+        sd['logged'] = {k: {'values': lg.values.tolist(), 'mark': self._log_marks.get(k, 0)}
+                        for k, lg in self.logged.items()}
+        return sd
+
+    def load_state_dict(self, sd: dict):
+        "Put back a `state_dict()` (see below), the values logged included."
+        super().load_state_dict(sd)
+        if 'logged' not in sd: return
+        self.logged, self._log_marks = {}, {}
+        for k, d in sd['logged'].items():
+            self.logged[k] = LossLog()
+            self.logged[k].load_state_dict({'values': torch.tensor(d['values'], dtype=torch.float32)})
+            self._log_marks[k] = d['mark']
+
 # %% ../nbs/00_core.ipynb #d12c1289
 def _check_args(model, mixed_precision, grad_accum, nan_policy, lr, metrics):
     "Refuse arguments the trainer can't work with, saying what it needs."
@@ -958,7 +1167,9 @@ def _check_args(model, mixed_precision, grad_accum, nan_policy, lr, metrics):
     if lr is not None and not (isinstance(lr, (int, float)) and lr > 0):
         raise ValueError(f"lr must be a positive number, got {lr!r}")
     for m in metrics:
-        if not callable(m): raise TypeError(f"metrics must be callables (preds, targets) -> number, got {m!r}")
+        if not (callable(m) or _is_streaming(m)):
+            raise TypeError(f"metrics must be callables (preds, targets) -> number, or streaming metrics (reset, "
+                            f"update, compute), got {m!r}")
     names = [_name_of(m) for m in metrics]   # the keys of their results
     for n in names:
         if names.count(n) > 1:
@@ -982,7 +1193,7 @@ def _make_optimizer(opt_func, model, lr):
     return opt_func
 
 # %% ../nbs/00_core.ipynb #906a3a6d
-class Trainer(_Hooks, _Epoch, _Fit, _Eval, _State, _Shortcuts):
+class Trainer(_Steps, _Logging, _Hooks, _Epoch, _Fit, _Eval, _State, _Shortcuts):
     """Trains `model` on `train_dl`, validates on `valid_dl`, calling hooks at each event. `fit(epochs)` runs:
 
         before_fit
@@ -1019,7 +1230,10 @@ class Trainer(_Hooks, _Epoch, _Fit, _Eval, _State, _Shortcuts):
                  sync_every: int = 100,         # batches between moving losses to the host
                  cpu: bool = False,
                  log_with=None, project_dir=None,  # experiment trackers, Accelerate's `log_with` (e.g. 'tensorboard')
-                 accelerator: Accelerator | None = None):  # or your own; it then decides the five arguments above
+                 accelerator: Accelerator | None = None,  # or your own; it then decides the five arguments above
+                 optimizers: dict | None = None,  # named optimizers (instances or `f(model)`), in place of opt_func
+                 manual: bool = False,  # train_step optimizes by hand (`trainer.backward`, `trainer.step`)
+                 compile: bool | dict = False):  # torch.compile the model (a dict: its keyword arguments)
         _check_args(model, mixed_precision, grad_accum, nan_policy, lr, metrics)
         if accelerator is not None:
             given = [n for n, v, default in (('mixed_precision', mixed_precision, 'no'), ('grad_accum', grad_accum, 1),
@@ -1037,23 +1251,28 @@ class Trainer(_Hooks, _Epoch, _Fit, _Eval, _State, _Shortcuts):
         self.loss_func, self.train_step, self.eval_step, self.metrics = loss_func, train_step, eval_step, list(metrics)
         self.max_grad_norm, self.nan_policy, self.sync_every = max_grad_norm, nan_policy, sync_every
         self.scheduler_func, self.scheduler = scheduler, None
-        opt = _make_optimizer(opt_func, model, lr)
-        self._base_lrs = [g['lr'] for g in opt.param_groups]
-        self.model, self.opt = self.accelerator.prepare(model, opt)
+        self.model, self.optimizers = _prepare_optimizers(self.accelerator, model, opt_func, optimizers, lr, compile)
+        self.opt, self.schedulers, self.manual = next(iter(self.optimizers.values())), {}, manual
+        if len(self.optimizers) > 1 and not manual: raise ValueError("Several optimizers need manual=True")
+        if manual and train_step is None: raise ValueError("manual=True needs a train_step that optimizes")
+        self._base_lrs = [g['lr'] for g in self.opt.param_groups]
         self.train_dl, self.valid_dl = train_dl, valid_dl
         self._prepared, self._resume_at, self._epoch_start, self._phase = {}, None, 0, None
         self.state, self.losses, self.hooks, self.fitting = StepState(), LossLog(), [], False
+        self.logged, self._log_marks = {}, {}   # `trainer.log`: name -> LossLog of the values logged; read up to here
         self.batch = self.preds = self.loss = self.out = None
         self.valid_results, self.epoch_results, self.cancelled, self.eval_samples = {}, {}, None, None
         self.config = None   # the config that rebuilds this trainer, when `from_config` made it
-        self.add_hooks(*[_load(h)() for h in (type(self).default_hooks if default_hooks else [])], *hooks)
+        self.add_hooks(*[_load(h)() for h in (type(self).default_hooks if default_hooks else [])], *hooks,
+                       *([_CompileTime()] if compile else []))
 
     @property
     def device(self) -> torch.device: return self.accelerator.device
     @property
     def is_main_process(self) -> bool: return self.accelerator.is_main_process
     @property
-    def unwrapped_model(self) -> torch.nn.Module: return self.accelerator.unwrap_model(self.model)
+    def unwrapped_model(self) -> torch.nn.Module:
+        return self.accelerator.unwrap_model(self.model, keep_torch_compile=False)   # (not the compiled wrapper)
 
 # %% ../nbs/00_core.ipynb #d5bda1bd
 def _fmt(v):

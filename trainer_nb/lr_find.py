@@ -463,6 +463,9 @@ def lr_find(trainer: Trainer, start_lr: float = 1e-7, end_lr: float = 10, num_it
     if not (0 <= beta < 1): raise ValueError(f"beta must be in [0, 1), got {beta!r}")
     if not div > 1: raise ValueError(f"div must be > 1, got {div!r}")
     if self.fitting: raise RuntimeError("Can't run lr_find while fit is running")
+    if getattr(self, 'manual', False):
+        raise ValueError("lr_find can't sweep a trainer with manual=True: its train_step steps the optimizers itself. "
+                         "Try LRs with short fits instead, or run lr_find on a trainer with the loop's own step")
     unknown = [] if isinstance(suggest_funcs, dict) else [m for m in suggest_funcs if m not in SUGGESTIONS]
     if unknown:
         raise ValueError(f"Unknown suggestion methods {unknown}: use {list(SUGGESTIONS)} or a dict name -> func")

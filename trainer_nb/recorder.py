@@ -11,7 +11,6 @@ __all__ = ['Recorder', 'Binned']
 
 # %% ../nbs/01_recorder.ipynb #b6e98ae6
 import numpy as np
-import torch
 from .core import Hook, _plain
 
 # %% ../nbs/01_recorder.ipynb #3562dd8a
@@ -97,25 +96,8 @@ def _momentum_key(g: dict) -> str | None:
     if g.get('momentum', 0): return 'momentum'   # SGD (or RMSprop) with momentum=0 has none to record
     return None
 
-class Recorder(Hook):
-    "Records loss, learning rates and momentum per optimizer step, and `trainer.epoch_results` per epoch."
-    order = 10
-
-    def __init__(self): self.reset()
-
-    def reset(self):
-        "Forget everything recorded."
-        self._step, self._iter = _Buf(np.int64), _Buf(np.int64)
-        self._loss = _Buf(np.float32)             # one per step, filled once the step's losses reached the host
-        self._lrs: list[_Buf] = []                # one buffer per parameter group
-        self._mom: _Buf | None = None
-        self._p_end, self._p_n = _Buf(np.int64), _Buf(np.int32)  # loss-log stretch of each step not yet in _loss
-        self._new = []                            # steps noted since the last `_commit`, as tuples
-        self._epochs, self._epoch_step = [], []
-        self._lo, self._cur = 0, ((), None)
-        self._pgs, self._mom_key = [], None
-
-    # ---- events ----
+class _RecorderEvents:
+    "What the `Recorder` does at each event: note each optimizer step with its LRs and momentum."
     def before_fit(self):
         t = self.trainer
         self._pgs = t.opt.optimizer.param_groups if hasattr(t.opt, 'optimizer') else t.opt.param_groups
@@ -156,20 +138,25 @@ class Recorder(Hook):
         self._forget_lost()
         self._materialize()
 
-    # ---- bookkeeping ----
+# %% ../nbs/01_recorder.ipynb #7db3d679
+class _RecorderBooks:
+    "How the `Recorder` turns noted steps and the trainer's loss log into its per-step buffers."
     def _commit(self):
         "Move the steps noted since the last call into the numpy buffers (one block: cheaper than a row at a time)."
         groups = len(self._lrs)
         for r in self._new:   # parameter groups may be added between steps, never removed
             if len(r[4]) < groups:
-                raise ValueError(f"The optimizer has {len(r[4])} parameter groups, fewer than the {groups} recorded so far")
+                raise ValueError(f"The optimizer has {len(r[4])} parameter groups, fewer than the {groups} "
+                                 "recorded so far")
             groups = len(r[4])
         rows, self._new = self._new, []
         if not rows: return
         steps, its, ends, ns, lrs, moms = zip(*rows)
         n0 = len(self._step)
-        self._step.extend(steps); self._iter.extend(its); self._p_end.extend(ends); self._p_n.extend(ns)
-        while len(self._lrs) < groups: self._lrs.append(_Buf(np.float64, np.full(n0, np.nan)))   # a group added: NaN before
+        for buf, vals in ((self._step, steps), (self._iter, its), (self._p_end, ends), (self._p_n, ns)):
+            buf.extend(vals)
+        while len(self._lrs) < groups:   # a group added: NaN before
+            self._lrs.append(_Buf(np.float64, np.full(n0, np.nan)))
         for i, b in enumerate(self._lrs):
             b.extend([l[i] if i < len(l) else math.nan for l in lrs] if i else [l[0] for l in lrs])
         if self._mom is None and any(m is not None for m in moms): self._mom = _Buf(np.float64, np.full(n0, np.nan))
@@ -197,19 +184,24 @@ class Recorder(Hook):
         start = int((ends - ns)[ok].min()) if ok.any() else 0
         vals = log.slice(start).double().numpy()
         self._loss.extend(_range_means(vals, start, np.where(ok, ends, start), np.where(ok, ns, 0)))
-        self._p_end.drop_first(k); self._p_n.drop_first(k)
+        self._p_end.drop_first(k)
+        self._p_n.drop_first(k)
 
     def _sync(self):
         "Bring every recorded step's loss to the host (one transfer of the losses still pending; no collective)."
         t = self.trainer
         if t is None: return self._commit()
-        if len(t.losses) > t.losses.n_host: t.flush_losses()   # the trainer's own flush: a non-finite loss is reported as in the loop
+        # the trainer's own flush: a non-finite loss is reported as in the loop
+        if len(t.losses) > t.losses.n_host: t.flush_losses()
         self._materialize()
 
-    # ---- reading ----
+# %% ../nbs/01_recorder.ipynb #6023c5db
+class _RecorderReading:
+    "The `Recorder`'s records as DataFrames and arrays."
     @property
     def steps(self):
-        "One row per optimizer step: `step, iteration, loss, lr` (`lr_1, lr_2`... for more parameter groups), and `mom` where the optimizer has momentum."
+        """One row per optimizer step: `step, iteration, loss, lr` (`lr_1, lr_2`... for more parameter groups), and
+        `mom` where the optimizer has momentum."""
         import pandas as pd
         self._sync()
         n = len(self._loss)   # steps whose loss is known: all of them after a sync
@@ -229,14 +221,17 @@ class Recorder(Hook):
         return df[[c for c in df.columns if c != 'time'] + (['time'] if 'time' in df.columns else [])]
 
     def per_epoch(self, key: str = 'valid_loss') -> tuple[np.ndarray, np.ndarray]:
-        "`(steps, values)`: the step at the end of each epoch whose results hold a number for `key` (a metric's name, 'valid_loss'...), and that number."
+        """`(steps, values)`: the step at the end of each epoch whose results hold a number for `key` (a metric's
+        name, 'valid_loss'...), and that number."""
         ep = [(s, e.get(key)) for s, e in zip(self._epoch_step, self._epochs)]
         ep = [(s, v) for s, v in ep if isinstance(v, (int, float))]
         return np.array([s for s, _ in ep], dtype=np.float64), np.array([v for _, v in ep], dtype=np.float64)
 
     def arrays(self, max_points: int | None = None) -> dict:
-        "Float arrays to draw: `step, loss, lr` (and `mom`) per step, `valid_step, valid_loss` per epoch; at most `max_points` per step series (bucket means)."
-        # one pass over all the steps (vectorised); `Binned` keeps such means up to date at a cost independent of the steps
+        """Float arrays to draw: `step, loss, lr` (and `mom`) per step, `valid_step, valid_loss` per epoch; at most
+        `max_points` per step series (bucket means)."""
+        # one pass over all the steps (vectorised); `Binned` keeps such means up to date at a cost independent of
+        # the number of steps
         self._sync()
         n = len(self._loss)
         out = {'step': _bucket_means(self._step.a[:n], max_points),
@@ -250,10 +245,12 @@ class Recorder(Hook):
     def nbytes(self) -> int:
         "Bytes held by the per-step records (buffers' full capacity)."
         self._commit()
-        bufs = [self._step, self._iter, self._loss, self._p_end, self._p_n, *self._lrs] + ([self._mom] if self._mom else [])
-        return sum(b.data.nbytes for b in bufs)
+        bufs = [self._step, self._iter, self._loss, self._p_end, self._p_n, *self._lrs]
+        return sum(b.data.nbytes for b in bufs + ([self._mom] if self._mom else []))
 
-    # ---- plots ----
+# %% ../nbs/01_recorder.ipynb #93c7297a
+class _RecorderPlots:
+    "The `Recorder`'s static plots."
     def plot_loss(self, smooth: float = 0.9, log: bool = False, max_points: int = 1000, ax=None):
         "Train loss per step (raw, and smoothed by an EMA of factor `smooth`) and valid loss per epoch."
         self._sync()
@@ -261,12 +258,13 @@ class Recorder(Hook):
         n = len(self._loss)
         steps, loss = self._step.a[:n].astype(np.float64), self._loss.a[:n].astype(np.float64)
         if n:
-            ax.plot(_bucket_means(steps, max_points), _bucket_means(loss, max_points), alpha=0.3, color='C0')
-            ax.plot(_bucket_means(steps, max_points), _bucket_means(_ema(loss, smooth), max_points), color='C0', label='train')
+            xs = _bucket_means(steps, max_points)
+            ax.plot(xs, _bucket_means(loss, max_points), alpha=0.3, color='C0')
+            ax.plot(xs, _bucket_means(_ema(loss, smooth), max_points), color='C0', label='train')
         vs, vl = self.per_epoch('valid_loss')
         if len(vs): ax.plot(vs, vl, 'o-', color='C1', label='valid')
         if log: ax.set_yscale('log')
-        ax.set_xlabel('step'); ax.set_ylabel('loss')
+        ax.set(xlabel='step', ylabel='loss')
         if n or len(vs): ax.legend()
         return ax.figure
 
@@ -279,7 +277,7 @@ class Recorder(Hook):
         for i, b in enumerate(self._lrs):
             ax.plot(steps, _bucket_means(b.a[:n], max_points), color=f'C{i}', label='lr' if i == 0 else f'lr_{i}')
         if log: ax.set_yscale('log')
-        ax.set_xlabel('step'); ax.set_ylabel('learning rate')
+        ax.set(xlabel='step', ylabel='learning rate')
         if self._mom is not None:
             ax2 = ax.twinx()
             ax2.plot(steps, _bucket_means(self._mom.a[:n], max_points), color='C3', ls='--', label='mom')
@@ -288,7 +286,25 @@ class Recorder(Hook):
         if len(self._lrs) > 1: ax.legend(loc='upper right')
         return ax.figure
 
-    # ---- checkpoints ----
+# %% ../nbs/01_recorder.ipynb #2673481e
+class Recorder(_RecorderEvents, _RecorderBooks, _RecorderReading, _RecorderPlots, Hook):
+    "Records loss, learning rates and momentum per optimizer step, and `trainer.epoch_results` per epoch."
+    order = 10
+
+    def __init__(self): self.reset()
+
+    def reset(self):
+        "Forget everything recorded."
+        self._step, self._iter = _Buf(np.int64), _Buf(np.int64)
+        self._loss = _Buf(np.float32)             # one per step, filled once the step's losses reached the host
+        self._lrs: list[_Buf] = []                # one buffer per parameter group
+        self._mom: _Buf | None = None
+        self._p_end, self._p_n = _Buf(np.int64), _Buf(np.int32)  # loss-log stretch of each step not yet in _loss
+        self._new = []                            # steps noted since the last `_commit`, as tuples
+        self._epochs, self._epoch_step = [], []
+        self._lo, self._cur = 0, ((), None)
+        self._pgs, self._mom_key = [], None
+
     def state_dict(self) -> dict:
         "The records, as JSON-able lists (NaN as `None`)."
         self._sync()
@@ -347,10 +363,12 @@ class Binned:
                 self._full, self._part, self._part_n = np.concatenate([self._full, self._part[None]]), np.zeros(5), 0
         w = len(v) // size
         if w: self._full = np.concatenate([self._full, v[:w * size].reshape(w, size, 5).sum(1)])
-        if len(v) > w * size: self._part, self._part_n = self._part + v[w * size:].sum(0), self._part_n + len(v) - w * size
+        if len(v) > w * size:
+            self._part, self._part_n = self._part + v[w * size:].sum(0), self._part_n + len(v) - w * size
 
     def arrays(self) -> dict:
-        "`step, loss, lr` (bucket means, NaN where a bucket has no finite value) and `valid_step, valid_loss` per epoch."
+        """`step, loss, lr` (bucket means, NaN where a bucket has no finite value) and `valid_step, valid_loss` per
+        epoch."""
         rec = self.rec
         rec._sync()
         n = len(rec._loss)   # steps whose loss is known

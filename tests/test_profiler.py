@@ -1,0 +1,54 @@
+"""The Profiler hook: its numbers per epoch in the results and history, attribution of time to data loading, its
+state through JSON, and that it leaves training unchanged."""
+import json
+import time
+
+import pytest
+import torch
+import torch.nn.functional as F
+from torch.utils.data import DataLoader, Dataset
+
+from conftest import flat, regression_ds, small_model
+
+pytestmark = pytest.mark.usefixtures('fresh_accelerate')
+
+
+class Slow(Dataset):
+    "A data set whose every 8th item takes 30 ms to load (one per batch of 8)."
+    def __init__(self): self.ds = regression_ds()
+    def __len__(self): return len(self.ds)
+    def __getitem__(self, i):
+        if i % 8 == 0: time.sleep(0.03)
+        return self.ds[i]
+
+
+def test_profiler_numbers_in_history_and_data_wait_attributed():
+    from trainer_nb.core import Trainer
+    from trainer_nb.hooks import Profiler
+    from trainer_nb.recorder import Recorder
+    prof = Profiler()
+    t = Trainer(small_model(), DataLoader(Slow(), batch_size=8), loss_func=F.mse_loss, hooks=[Recorder(), prof],
+                default_hooks=False)
+    t.fit(2)
+    h = t.history
+    assert {'samples_per_s', 'step_ms', 'data_wait', 'peak_mem_mb'} <= set(h.columns) and len(prof.records) == 2
+    for r in prof.records:
+        # 6 batches, each waiting 30 ms for its data, against steps of a 5-8-1 MLP: the wait is most of the time
+        assert 0.5 < r['data_wait'] < 1 and r['step_ms'] > 0 and r['samples_per_s'] > 0
+        assert r['peak_mem_mb'] > 10   # the process's peak resident size on the CPU
+    # samples/s is the epoch's 48 samples over its training time, which the data wait bounds from below
+    assert all(r['samples_per_s'] < 48 / (6 * 0.03) for r in prof.records)
+    p2 = Profiler()
+    p2.load_state_dict(json.loads(json.dumps(prof.state_dict())))
+    assert p2.records == prof.records
+
+
+def test_profiler_changes_nothing_in_training():
+    from trainer_nb.core import Trainer
+    from trainer_nb.hooks import Profiler
+    a = Trainer(small_model(), DataLoader(regression_ds(), batch_size=8), loss_func=F.mse_loss, hooks=[Profiler()],
+                default_hooks=False)
+    b = Trainer(small_model(), DataLoader(regression_ds(), batch_size=8), loss_func=F.mse_loss, default_hooks=False)
+    a.fit(2)
+    b.fit(2)
+    assert torch.equal(flat(a.model), flat(b.model))
