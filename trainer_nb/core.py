@@ -830,14 +830,17 @@ class _State:
     "The trainer's state: its base LR, saving and loading it, and changing it for the length of a block."
     @property
     def lr(self) -> float:
-        "The base learning rate (the first parameter group's; the others keep their ratio to it)."
+        """The base learning rate (the first parameter group's; the others keep their ratio to it). Set it to a number,
+        or to one per group: a list or `slice(lo, hi)` (see `split`)."""
         return self._base_lrs[0]
 
     @lr.setter
     def lr(self, lr: float):
-        if not (isinstance(lr, (int, float)) and lr > 0): raise ValueError(f"lr must be a positive number, got {lr!r}")
-        scale = lr / self._base_lrs[0]
-        self._base_lrs = [b * scale for b in self._base_lrs]
+        if isinstance(lr, (slice, list, tuple)): self._base_lrs = _group_lrs(lr, len(self._base_lrs))   # one a group
+        elif not (isinstance(lr, (int, float)) and lr > 0): raise ValueError(f"lr must be a positive number, got {lr!r}")
+        else:
+            scale = lr / self._base_lrs[0]
+            self._base_lrs = [b * scale for b in self._base_lrs]
         for g, b in zip(self.opt.param_groups, self._base_lrs): g['lr'] = b
 
     def state_dict(self, hooks: bool = True) -> dict:
@@ -942,6 +945,112 @@ class _Shortcuts:
                               f"{[h.name for h in self.hooks]}); add one trainer_nb.recorder.Recorder")
         return keepers[0].history
 
+# %% ../nbs/00_core.ipynb #f1fc9d84
+def _group_lrs(lr, n: int) -> list[float]:
+    "One LR per parameter group from a number (every group), a list (one each) or `slice(lo, hi)` / `slice(hi)`."
+    if isinstance(lr, slice):
+        if lr.step is not None: raise ValueError(f"lr=slice(lo, hi) takes no step, got {lr!r}")
+        if not all(isinstance(v, (int, float)) and v > 0 for v in (1 if lr.start is None else lr.start, lr.stop)):
+            raise ValueError(f"learning rates must be positive numbers, got {lr!r}")
+        hi = lr.stop
+        if lr.start is None: out = [hi / 10] * (n - 1) + [hi]
+        elif n == 1: out = [hi]
+        else: out = [lr.start * (hi / lr.start) ** (i / (n - 1)) for i in range(n)]
+    elif isinstance(lr, (list, tuple)):
+        if len(lr) != n: raise ValueError(f"lr has {len(lr)} values for {n} parameter groups: give one per group")
+        out = list(lr)
+    else: out = [lr] * n
+    if not all(isinstance(v, (int, float)) and v > 0 for v in out):
+        raise ValueError(f"learning rates must be positive numbers, got {lr!r}")
+    return [float(v) for v in out]
+
+def _matches(name: str, prefix: str) -> bool:
+    return prefix == '' or name == prefix or name.startswith(prefix + '.')
+
+class _FineTune:
+    "Parameter groups, freezing and discriminative learning rates."
+    @property
+    def lrs(self) -> list[float]:
+        "The base learning rate of each parameter group."
+        return list(self._base_lrs)
+
+    def _names(self, item) -> list[str]:
+        "Module-name prefixes of a group given as a prefix, a module, or a list of these."
+        if isinstance(item, str): return [item]
+        if isinstance(item, torch.nn.Module):
+            names = [n for n, m in self.unwrapped_model.named_modules() if m is item]
+            if not names: raise ValueError(f"{type(item).__name__} is not a module of this trainer's model")
+            return names[:1]
+        if isinstance(item, (list, tuple)): return [n for i in item for n in self._names(i)]
+        raise TypeError(f"A parameter group is a module-name prefix, a module or a list of them, got {item!r}")
+
+    def split(self, *groups):
+        "One optimizer parameter group per argument (body first, head last); see above."
+        if self.fitting: raise RuntimeError("Can't split the parameters while fit is running")
+        if not groups: raise ValueError("split needs at least one group: module-name prefixes or modules")
+        prefixes = [self._names(g) for g in groups]
+        members, unmatched = [[] for _ in groups], []
+        for name, p in self.unwrapped_model.named_parameters():
+            best = max(((len(pre), i) for i, ps in enumerate(prefixes) for pre in ps if _matches(name, pre)),
+                       default=None)
+            if best is None: unmatched.append(name)
+            else: members[best[1]].append(p)
+        if unmatched:
+            raise ValueError(f"{len(unmatched)} parameters are in no group (e.g. {unmatched[:3]}): name their modules, "
+                             "or add '' for a group of everything else")
+        empty = [groups[i] for i, m in enumerate(members) if not m]
+        if empty: raise ValueError(f"No parameters in group(s) {empty}: check the module names")
+        opt, lr = self.opt.optimizer, self.lr
+        settings = {k: v for k, v in opt.param_groups[0].items() if k not in ('params', 'initial_lr')}
+        opt.param_groups.clear()   # in place: hooks may hold the list
+        for m in members: opt.add_param_group({**settings, 'params': m, 'lr': lr})
+        self._base_lrs = [lr] * len(members)
+        return self
+
+    def _params_of(self, which) -> list:
+        "The parameters of each group index and module-name prefix in `which`."
+        groups, out = self.opt.param_groups, []
+        for w in which:
+            if isinstance(w, int):
+                if not -len(groups) <= w < len(groups):
+                    raise IndexError(f"No parameter group {w}: the optimizer has {len(groups)}")
+                out += groups[w]['params']
+            elif isinstance(w, str):
+                found = [p for n, p in self.unwrapped_model.named_parameters() if _matches(n, w)]
+                if not found: raise ValueError(f"No parameters under module {w!r}")
+                out += found
+            else: raise TypeError(f"freeze/unfreeze take group indices or module-name prefixes, got {w!r}")
+        return out
+
+    def freeze(self, *which):
+        "Stop training the groups (indices) or modules (name prefixes) given; with none, every group but the last."
+        if self.fitting: raise RuntimeError("Can't freeze parameters while fit is running")
+        if not which:
+            n = len(self.opt.param_groups)
+            if n < 2: raise ValueError("freeze() freezes every parameter group but the last, and there is one group: "
+                                       "split the model first (trainer.split('body', 'head')), or name what to freeze")
+            which = tuple(range(n - 1))
+        for p in self._params_of(which): p.requires_grad_(False)
+        return self
+
+    def unfreeze(self, *which):
+        "Train again the groups (indices) or modules (name prefixes) given; with none, every parameter."
+        if self.fitting: raise RuntimeError("Can't unfreeze parameters while fit is running")
+        params = self._params_of(which) if which else list(self.unwrapped_model.parameters())
+        for p in params: p.requires_grad_(True)
+        return self
+
+    def fine_tune(self, epochs: int, base_lr: float = 2e-3, freeze_epochs: int = 1, lr_mult: float = 100.,
+                  pct_start: float = 0.3, div: float = 5., **kw):
+        """Train the last group alone for `freeze_epochs` (one cycle at `base_lr`), then every group for `epochs`
+        (one cycle at `slice(base_lr / 2 / lr_mult, base_lr / 2)`). `kw` go to both `fit_one_cycle` calls."""
+        if freeze_epochs:
+            self.freeze()
+            try: self.fit_one_cycle(freeze_epochs, slice(base_lr), pct_start=0.99, **kw)
+            finally: self.unfreeze()
+        hi = base_lr / 2
+        self.fit_one_cycle(epochs, slice(hi / lr_mult, hi), pct_start=pct_start, div=div, **kw)
+
 # %% ../nbs/00_core.ipynb #d12c1289
 def _check_args(model, mixed_precision, grad_accum, nan_policy, lr, metrics):
     "Refuse arguments the trainer can't work with, saying what it needs."
@@ -977,7 +1086,7 @@ def _make_optimizer(opt_func, model, lr):
     return opt_func
 
 # %% ../nbs/00_core.ipynb #906a3a6d
-class Trainer(_Hooks, _Epoch, _Fit, _Eval, _State, _Shortcuts):
+class Trainer(_Hooks, _Epoch, _Fit, _Eval, _State, _Shortcuts, _FineTune):
     """Trains `model` on `train_dl`, validates on `valid_dl`, calling hooks at each event. `fit(epochs)` runs:
 
         before_fit
