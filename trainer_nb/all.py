@@ -15,6 +15,7 @@ from .lr_find import *
 from .checkpoint import *
 from .registry import *
 from .cli import *
+from .workflow import *
 # a new module: add its `from trainer_nb.module import *` line above
 
 # %% ../nbs/09_all.ipynb #43572147

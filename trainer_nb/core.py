@@ -837,7 +837,8 @@ class _State:
     @lr.setter
     def lr(self, lr: float):
         if isinstance(lr, (slice, list, tuple)): self._base_lrs = _group_lrs(lr, len(self._base_lrs))   # one a group
-        elif not (isinstance(lr, (int, float)) and lr > 0): raise ValueError(f"lr must be a positive number, got {lr!r}")
+        elif not (isinstance(lr, (int, float)) and lr > 0):
+            raise ValueError(f"lr must be a positive number, got {lr!r}")
         else:
             scale = lr / self._base_lrs[0]
             self._base_lrs = [b * scale for b in self._base_lrs]
@@ -944,6 +945,101 @@ class _Shortcuts:
             raise LookupError(f"trainer.history is kept by a Recorder hook: this trainer has {len(keepers)} (hooks: "
                               f"{[h.name for h in self.hooks]}); add one trainer_nb.recorder.Recorder")
         return keepers[0].history
+
+# %% ../nbs/00_core.ipynb #3b7170b3
+class _FirstBatches:
+    "A batch sampler yielding the first `n` batches of `batches` (an iterable of index lists) each time it is iterated."
+    def __init__(self, batches, n: int): self.batches, self.n = batches, n
+    def __iter__(self): return itertools.islice(iter(self.batches), self.n)
+    def __len__(self): return min(self.n, len(self.batches))
+
+def _few_batches(dl, n: int, fixed: bool, what: str):
+    "A `DataLoader` like `dl` with only its first `n` batches; `fixed`: the same ones every epoch, in dataset order."
+    if dl is None: return None
+    if not isinstance(dl, torch.utils.data.DataLoader) or isinstance(dl.dataset, IterableDataset):
+        raise TypeError(f"{what} needs a torch DataLoader over a dataset with a length, got {type(dl).__name__}")
+    if fixed and dl.batch_size is not None:
+        order = torch.utils.data.SequentialSampler(dl.dataset)
+        batches = list(itertools.islice(torch.utils.data.BatchSampler(order, dl.batch_size, dl.drop_last), n))
+    elif fixed: batches = list(itertools.islice(iter(dl.batch_sampler), n))
+    else: batches = _FirstBatches(dl.batch_sampler, n)
+    return torch.utils.data.DataLoader(dl.dataset, batch_sampler=batches, num_workers=dl.num_workers,
+                                       collate_fn=dl.collate_fn, pin_memory=dl.pin_memory,
+                                       worker_init_fn=dl.worker_init_fn)
+
+def _check_quick(limit_batches, overfit_batches, fast_dev_run, resume):
+    for k, v in (('limit_batches', limit_batches), ('overfit_batches', overfit_batches)):
+        if v is not None and not (isinstance(v, int) and v >= 1):
+            raise ValueError(f"{k} must be an int >= 1, got {v!r}")
+    given = [k for k, v in (('limit_batches', limit_batches), ('overfit_batches', overfit_batches),
+                            ('fast_dev_run', fast_dev_run)) if v]
+    if len(given) > 1: raise ValueError(f"Pass one of {', '.join(given)}, not several")
+    if given and resume is not None:
+        raise ValueError(f"{given[0]} is for a fresh fit: it can't be combined with resume=")
+
+def _spy(t, fired: set) -> list:
+    "Wrap each hook's event methods (as instance attributes) so that calling one notes `(hook key, event)` in `fired`."
+    undo = []
+    for key, h in t.hook_keys():
+        for e in EVENTS:
+            f = getattr(h, e, None)
+            if not callable(f): continue
+            def noted(f=f, key=key, e=e):
+                fired.add((key, e))
+                return f()
+            undo.append((h, e, h.__dict__.get(e, _END)))
+            setattr(h, e, noted)
+    return undo
+
+def _unspy(undo):
+    for h, e, old in undo:
+        if old is _END: del h.__dict__[e]
+        else: setattr(h, e, old)
+
+# %% ../nbs/00_core.ipynb #0189c2a0
+class _QuickChecks:
+    "`fit` with quick checks of a pipeline (see above), and `describe_hooks` marking what a dev run fired."
+    dev_run: bool = False   # True while `fit(fast_dev_run=True)` runs
+    _fired = None           # `(hook key, event)` pairs the last dev run called
+
+    def fit(self, epochs: int, lr=None, resume=None, *, limit_batches: int | None = None,
+            overfit_batches: int | None = None, fast_dev_run: bool = False):
+        """Train for `epochs` more epochs (see `fit` above); `limit_batches=N`: the first `N` batches of each loader;
+        `overfit_batches=N`: the same `N` batches every epoch, validated on too; `fast_dev_run`: one batch of each
+        through every hook, then everything put back; returns what ran (see above)."""
+        _check_quick(limit_batches, overfit_batches, fast_dev_run, resume)
+        if fast_dev_run: return self._dev_run(lr)
+        if not (limit_batches or overfit_batches): return super().fit(epochs, lr=lr, resume=resume)
+        n, fixed = (limit_batches, False) if limit_batches else (overfit_batches, True)
+        what = 'limit_batches' if limit_batches else 'overfit_batches'
+        train = _few_batches(self.train_dl, n, fixed, what)
+        valid = train if fixed and self.valid_dl is not None else _few_batches(self.valid_dl, n, fixed, what)
+        with self.temporary(train_dl=train, valid_dl=valid): super().fit(epochs, lr=lr)
+
+    def _dev_run(self, lr):
+        train = _few_batches(self.train_dl, 1, False, 'fast_dev_run')
+        valid = _few_batches(self.valid_dl, 1, False, 'fast_dev_run')
+        fired = set()
+        with self.temporary(rewind=True, train_dl=train, valid_dl=valid, dev_run=True):
+            undo = _spy(self, fired)
+            try: super().fit(1, lr=lr)
+            finally: _unspy(undo)
+            loss, results = self.losses.mean(len(self.losses) - 1), dict(self.epoch_results)
+        self._fired = fired
+        if self.is_main_process:
+            print(f"fast_dev_run: 1 training batch (loss {loss:.4g})" + (", 1 validation batch" if valid else "") +
+                  f"; {len(fired)} hook calls; epoch results {sorted(results)}; the trainer is as it was", flush=True)
+        return self.describe_hooks()
+
+    def describe_hooks(self):
+        """A table, one row per event, of the hooks that run there in order (unknown `before_*/after_*` methods are
+        flagged); after `fit(fast_dev_run=True)`, a column of the hooks that ran at each event in that run."""
+        df = super().describe_hooks()
+        if self._fired is None: return df
+        keys = dict(self.hook_keys())
+        ran = {e: ', '.join(k for k, h in keys.items() if (k, e) in self._fired) or '-' for e in EVENTS}
+        df['ran in fast_dev_run'] = [ran.get(e, '-') for e in df.index]
+        return df
 
 # %% ../nbs/00_core.ipynb #f1fc9d84
 def _group_lrs(lr, n: int) -> list[float]:
@@ -1086,7 +1182,7 @@ def _make_optimizer(opt_func, model, lr):
     return opt_func
 
 # %% ../nbs/00_core.ipynb #906a3a6d
-class Trainer(_Hooks, _Epoch, _Fit, _Eval, _State, _Shortcuts, _FineTune):
+class Trainer(_QuickChecks, _Hooks, _Epoch, _Fit, _Eval, _State, _Shortcuts, _FineTune):
     """Trains `model` on `train_dl`, validates on `valid_dl`, calling hooks at each event. `fit(epochs)` runs:
 
         before_fit
