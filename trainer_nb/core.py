@@ -946,6 +946,10 @@ class _Shortcuts:
                               f"{[h.name for h in self.hooks]}); add one trainer_nb.recorder.Recorder")
         return keepers[0].history
 
+# %% ../nbs/00_core.ipynb #84bf124e
+import traceback
+from accelerate.utils.memory import clear_device_cache
+
 # %% ../nbs/00_core.ipynb #3b7170b3
 class _FirstBatches:
     "A batch sampler yielding the first `n` batches of `batches` (an iterable of index lists) each time it is iterated."
@@ -997,6 +1001,15 @@ def _unspy(undo):
         else: setattr(h, e, old)
 
 # %% ../nbs/00_core.ipynb #0189c2a0
+def _free_after_oom(t, e: BaseException):
+    "Let go of what an out-of-memory error left holding device memory, and say what to do."
+    t.batch = t.preds = t.loss = t.out = None
+    traceback.clear_frames(e.__traceback__)   # the frames of the failed step hold its tensors
+    clear_device_cache(garbage_collection=True)
+    _annotate(e, "Out of memory: the trainer let go of this step's batch, predictions and loss and emptied the "
+                 "device's cache, so the kernel stays usable. Lower the batch size (trainer.find_batch_size() finds "
+                 "one that fits), or train in mixed_precision='bf16' or with smaller batches and grad_accum=")
+
 class _QuickChecks:
     "`fit` with quick checks of a pipeline (see above), and `describe_hooks` marking what a dev run fired."
     dev_run: bool = False   # True while `fit(fast_dev_run=True)` runs
@@ -1008,13 +1021,27 @@ class _QuickChecks:
         `overfit_batches=N`: the same `N` batches every epoch, validated on too; `fast_dev_run`: one batch of each
         through every hook, then everything put back; returns what ran (see above)."""
         _check_quick(limit_batches, overfit_batches, fast_dev_run, resume)
-        if fast_dev_run: return self._dev_run(lr)
-        if not (limit_batches or overfit_batches): return super().fit(epochs, lr=lr, resume=resume)
-        n, fixed = (limit_batches, False) if limit_batches else (overfit_batches, True)
-        what = 'limit_batches' if limit_batches else 'overfit_batches'
-        train = _few_batches(self.train_dl, n, fixed, what)
-        valid = train if fixed and self.valid_dl is not None else _few_batches(self.valid_dl, n, fixed, what)
-        with self.temporary(train_dl=train, valid_dl=valid): super().fit(epochs, lr=lr)
+        try:
+            if fast_dev_run: return self._dev_run(lr)
+            if not (limit_batches or overfit_batches): return super().fit(epochs, lr=lr, resume=resume)
+            n, fixed = (limit_batches, False) if limit_batches else (overfit_batches, True)
+            what = 'limit_batches' if limit_batches else 'overfit_batches'
+            train = _few_batches(self.train_dl, n, fixed, what)
+            valid = train if fixed and self.valid_dl is not None else _few_batches(self.valid_dl, n, fixed, what)
+            with self.temporary(train_dl=train, valid_dl=valid): super().fit(epochs, lr=lr)
+        except torch.OutOfMemoryError as e:
+            _free_after_oom(self, e)
+            raise
+
+    def summary(self):
+        "The model's modules with their output shapes on one real batch, parameter counts and memory (see `workflow`)."
+        from trainer_nb.workflow import summary
+        return summary(self)
+
+    def find_batch_size(self, start: int = 1024, steps: int = 1) -> int:
+        "The largest of `start`, `start / 2`, ... at which `steps` training steps fit in memory (see `workflow`)."
+        from trainer_nb.workflow import find_batch_size
+        return find_batch_size(self, start, steps)
 
     def _dev_run(self, lr):
         train = _few_batches(self.train_dl, 1, False, 'fast_dev_run')

@@ -6,12 +6,15 @@
 from __future__ import annotations
 
 # %% auto #0
-__all__ = ['PlateauLR']
+__all__ = ['PlateauLR', 'ModelSummary', 'summary', 'find_batch_size']
 
 # %% ../nbs/15_workflow.ipynb #e43b14d9
+import html
+from collections.abc import Mapping
 import torch
+from accelerate.utils import find_executable_batch_size, send_to_device
 from torch.optim.lr_scheduler import ReduceLROnPlateau
-from .core import Hook
+from .core import Hook, rng_state, set_rng_state
 
 # %% ../nbs/15_workflow.ipynb #17b364d1
 class PlateauLR(Hook):
@@ -52,3 +55,101 @@ class PlateauLR(Hook):
         if self.monitor not in res:
             raise KeyError(f"PlateauLR monitors {self.monitor!r}, not among this epoch's results {list(res)}")
         self._scheduler().step(float(res[self.monitor]))
+
+# %% ../nbs/15_workflow.ipynb #ef6cf253
+def _shape(o):
+    "The shape of an output: a tuple for a tensor, and the same nesting for tuples, lists and dicts of them."
+    if isinstance(o, torch.Tensor): return tuple(o.shape)
+    if isinstance(o, Mapping): return {k: _shape(v) for k, v in o.items()}
+    if isinstance(o, (list, tuple)): return [_shape(v) for v in o]
+    return type(o).__name__
+
+def _nbytes(ts) -> int: return sum(t.numel() * t.element_size() for t in ts)
+
+def _mb(n: int) -> str: return f"{n / 2**20:.2f} MB"
+
+def _forward(model, batch):
+    "Call `model` on `batch` as the trainer does: `model(**batch)` for a dict, `model(*inputs)` for `(*xs, target)`."
+    if isinstance(batch, Mapping): return model(**batch)
+    if isinstance(batch, torch.Tensor): return model(batch)
+    return model(*batch) if len(batch) == 1 else model(*batch[:-1])
+
+def _first_batch(trainer):
+    dl = trainer.train_dl if trainer.train_dl is not None else trainer.valid_dl
+    if dl is None: raise ValueError("summary() runs one batch through the model: give the trainer a train_dl")
+    rng = rng_state(dl)
+    try: return send_to_device(next(iter(dl)), trainer.device)
+    finally: set_rng_state(rng, dl)
+
+# %% ../nbs/15_workflow.ipynb #652ae431
+class ModelSummary:
+    "What `Trainer.summary` returns: `rows` (a `pandas.DataFrame`) and `totals`; HTML in a notebook, text printed."
+    def __init__(self, rows, totals: dict): self.rows, self.totals = rows, totals
+    def _totals(self) -> list[tuple[str, str]]:
+        t = self.totals
+        return [('parameters', f"{t['params']:,} ({t['trainable']:,} trainable, {t['frozen']:,} frozen)"),
+                ('weights', _mb(t['weights_bytes'])), ('optimizer state', _mb(t['optimizer_bytes'])),
+                ('input', str(t['input']))]
+    def __repr__(self):
+        return self.rows.to_string(index=False) + '\n' + '\n'.join(f"{k}: {v}" for k, v in self._totals())
+    def _repr_html_(self):
+        foot = ''.join(f"<tr><th>{html.escape(k)}</th><td>{html.escape(v)}</td></tr>" for k, v in self._totals())
+        return self.rows.to_html(index=False) + f"<table>{foot}</table>"
+
+def summary(trainer) -> ModelSummary:
+    "`trainer.summary()`: the model's modules, their output shapes on one real batch, parameter counts and memory."
+    import pandas as pd
+    model, batch = trainer.unwrapped_model, _first_batch(trainer)
+    shapes, modes = {}, [(m, m.training) for m in model.modules()]
+    def note(name):
+        def hook(m, inputs, out):   # (returns None: the output is left as it is)
+            if name not in shapes: shapes[name] = _shape(out)
+        return hook
+    handles = [m.register_forward_hook(note(name)) for name, m in model.named_modules() if m is not model]
+    try:
+        model.eval()
+        with torch.no_grad(), trainer.accelerator.autocast(): out = _forward(model, batch)
+    finally:
+        for h in handles: h.remove()
+        for m, training in modes: m.training = training
+    order = {n: i for i, n in enumerate(shapes)}
+    rows = []
+    for name, m in model.named_modules():
+        own = list(m.parameters(recurse=False))
+        if m is model or (own == [] and any(True for _ in m.children())): continue
+        rows.append({'module': name, 'type': type(m).__name__, 'output shape': shapes.get(name, '-'),
+                     'params': sum(p.numel() for p in own),
+                     'trainable': sum(p.numel() for p in own if p.requires_grad)})
+    rows.sort(key=lambda r: order.get(r['module'], len(order)))
+    params = list(model.parameters())
+    trainable = sum(p.numel() for p in params if p.requires_grad)
+    opt_state = [v for s in trainer.opt.optimizer.state.values() for v in s.values() if isinstance(v, torch.Tensor)]
+    totals = {'params': sum(p.numel() for p in params), 'trainable': trainable,
+              'frozen': sum(p.numel() for p in params) - trainable,
+              'weights_bytes': _nbytes(params) + _nbytes(list(model.buffers())),
+              'optimizer_bytes': _nbytes(opt_state),
+              'input': _shape(batch), 'output': _shape(out)}
+    return ModelSummary(pd.DataFrame(rows, columns=['module', 'type', 'output shape', 'params', 'trainable']), totals)
+
+# %% ../nbs/15_workflow.ipynb #c1a4da3f
+def find_batch_size(trainer, start: int = 1024, steps: int = 1) -> int:
+    "`trainer.find_batch_size()`: the largest of `start`, `start / 2`, ... at which `steps` training steps fit."
+    dl = trainer.train_dl
+    if not isinstance(dl, torch.utils.data.DataLoader) or isinstance(dl.dataset, torch.utils.data.IterableDataset):
+        raise TypeError("find_batch_size needs a train_dl that is a torch DataLoader over a dataset with a length")
+    if not (isinstance(start, int) and start >= 1): raise ValueError(f"start must be an int >= 1, got {start!r}")
+    size = min(start, len(dl.dataset))
+
+    def halve() -> int:
+        nonlocal size
+        size //= 2
+        return size
+
+    @find_executable_batch_size(starting_batch_size=size, reduce_batch_size_fn=halve)
+    def attempt(batch_size):
+        loader = torch.utils.data.DataLoader(dl.dataset, batch_size=batch_size, collate_fn=dl.collate_fn,
+                                             num_workers=dl.num_workers, pin_memory=dl.pin_memory)
+        with trainer.temporary(hooks=[], rewind=True, train_dl=loader, valid_dl=None, scheduler_func=None):
+            trainer.fit(1, limit_batches=steps)
+        return batch_size
+    return attempt()
