@@ -587,5 +587,6 @@ d = { 'settings': { 'branch': 'main',
                                      'trainer_nb.workflow._mb': ('workflow.html#_mb', 'trainer_nb/workflow.py'),
                                      'trainer_nb.workflow._nbytes': ('workflow.html#_nbytes', 'trainer_nb/workflow.py'),
                                      'trainer_nb.workflow._shape': ('workflow.html#_shape', 'trainer_nb/workflow.py'),
-                                     'trainer_nb.workflow.find_batch_size': ('workflow.html#find_batch_size', 'trainer_nb/workflow.py'),
-                                     'trainer_nb.workflow.summary': ('workflow.html#summary', 'trainer_nb/workflow.py')}}}
+                                     'trainer_nb.workflow.largest_batch_size': ( 'workflow.html#largest_batch_size',
+                                                                                 'trainer_nb/workflow.py'),
+                                     'trainer_nb.workflow.model_summary': ('workflow.html#model_summary', 'trainer_nb/workflow.py')}}}

@@ -1035,13 +1035,13 @@ class _QuickChecks:
 
     def summary(self):
         "The model's modules with their output shapes on one real batch, parameter counts and memory (see `workflow`)."
-        from trainer_nb.workflow import summary
-        return summary(self)
+        from trainer_nb.workflow import model_summary
+        return model_summary(self)
 
     def find_batch_size(self, start: int = 1024, steps: int = 1) -> int:
         "The largest of `start`, `start / 2`, ... at which `steps` training steps fit in memory (see `workflow`)."
-        from trainer_nb.workflow import find_batch_size
-        return find_batch_size(self, start, steps)
+        from trainer_nb.workflow import largest_batch_size
+        return largest_batch_size(self, start, steps)
 
     def _dev_run(self, lr):
         train = _few_batches(self.train_dl, 1, False, 'fast_dev_run')

@@ -6,7 +6,7 @@
 from __future__ import annotations
 
 # %% auto #0
-__all__ = ['PlateauLR', 'ModelSummary', 'summary', 'find_batch_size']
+__all__ = ['PlateauLR', 'ModelSummary', 'model_summary', 'largest_batch_size']
 
 # %% ../nbs/15_workflow.ipynb #e43b14d9
 import html
@@ -96,7 +96,7 @@ class ModelSummary:
         foot = ''.join(f"<tr><th>{html.escape(k)}</th><td>{html.escape(v)}</td></tr>" for k, v in self._totals())
         return self.rows.to_html(index=False) + f"<table>{foot}</table>"
 
-def summary(trainer) -> ModelSummary:
+def model_summary(trainer) -> ModelSummary:
     "`trainer.summary()`: the model's modules, their output shapes on one real batch, parameter counts and memory."
     import pandas as pd
     model, batch = trainer.unwrapped_model, _first_batch(trainer)
@@ -132,7 +132,7 @@ def summary(trainer) -> ModelSummary:
     return ModelSummary(pd.DataFrame(rows, columns=['module', 'type', 'output shape', 'params', 'trainable']), totals)
 
 # %% ../nbs/15_workflow.ipynb #c1a4da3f
-def find_batch_size(trainer, start: int = 1024, steps: int = 1) -> int:
+def largest_batch_size(trainer, start: int = 1024, steps: int = 1) -> int:
     "`trainer.find_batch_size()`: the largest of `start`, `start / 2`, ... at which `steps` training steps fit."
     dl = trainer.train_dl
     if not isinstance(dl, torch.utils.data.DataLoader) or isinstance(dl.dataset, torch.utils.data.IterableDataset):
