@@ -1090,6 +1090,32 @@ def _group_lrs(lr, n: int) -> list[float]:
 def _matches(name: str, prefix: str) -> bool:
     return prefix == '' or name == prefix or name.startswith(prefix + '.')
 
+def _group_names(t, item) -> list[str]:
+    "Module-name prefixes of a group given as a prefix, a module, or a list of these."
+    if isinstance(item, str): return [item]
+    if isinstance(item, torch.nn.Module):
+        names = [n for n, m in t.unwrapped_model.named_modules() if m is item]
+        if not names: raise ValueError(f"{type(item).__name__} is not a module of this trainer's model")
+        return names[:1]
+    if isinstance(item, (list, tuple)): return [n for i in item for n in _group_names(t, i)]
+    raise TypeError(f"A parameter group is a module-name prefix, a module or a list of them, got {item!r}")
+
+def _params_of(t, which) -> list:
+    "The parameters of each group index and module-name prefix in `which`."
+    groups, out = t.opt.param_groups, []
+    for w in which:
+        if isinstance(w, int):
+            if not -len(groups) <= w < len(groups):
+                raise IndexError(f"No parameter group {w}: the optimizer has {len(groups)}")
+            out += groups[w]['params']
+        elif isinstance(w, str):
+            found = [p for n, p in t.unwrapped_model.named_parameters() if _matches(n, w)]
+            if not found: raise ValueError(f"No parameters under module {w!r}")
+            out += found
+        else: raise TypeError(f"freeze/unfreeze take group indices or module-name prefixes, got {w!r}")
+    return out
+
+# %% ../nbs/00_core.ipynb #4a933718
 class _FineTune:
     "Parameter groups, freezing and discriminative learning rates."
     @property
@@ -1097,21 +1123,11 @@ class _FineTune:
         "The base learning rate of each parameter group."
         return list(self._base_lrs)
 
-    def _names(self, item) -> list[str]:
-        "Module-name prefixes of a group given as a prefix, a module, or a list of these."
-        if isinstance(item, str): return [item]
-        if isinstance(item, torch.nn.Module):
-            names = [n for n, m in self.unwrapped_model.named_modules() if m is item]
-            if not names: raise ValueError(f"{type(item).__name__} is not a module of this trainer's model")
-            return names[:1]
-        if isinstance(item, (list, tuple)): return [n for i in item for n in self._names(i)]
-        raise TypeError(f"A parameter group is a module-name prefix, a module or a list of them, got {item!r}")
-
     def split(self, *groups):
         "One optimizer parameter group per argument (body first, head last); see above."
         if self.fitting: raise RuntimeError("Can't split the parameters while fit is running")
         if not groups: raise ValueError("split needs at least one group: module-name prefixes or modules")
-        prefixes = [self._names(g) for g in groups]
+        prefixes = [_group_names(self, g) for g in groups]
         members, unmatched = [[] for _ in groups], []
         for name, p in self.unwrapped_model.named_parameters():
             best = max(((len(pre), i) for i, ps in enumerate(prefixes) for pre in ps if _matches(name, pre)),
@@ -1130,21 +1146,6 @@ class _FineTune:
         self._base_lrs = [lr] * len(members)
         return self
 
-    def _params_of(self, which) -> list:
-        "The parameters of each group index and module-name prefix in `which`."
-        groups, out = self.opt.param_groups, []
-        for w in which:
-            if isinstance(w, int):
-                if not -len(groups) <= w < len(groups):
-                    raise IndexError(f"No parameter group {w}: the optimizer has {len(groups)}")
-                out += groups[w]['params']
-            elif isinstance(w, str):
-                found = [p for n, p in self.unwrapped_model.named_parameters() if _matches(n, w)]
-                if not found: raise ValueError(f"No parameters under module {w!r}")
-                out += found
-            else: raise TypeError(f"freeze/unfreeze take group indices or module-name prefixes, got {w!r}")
-        return out
-
     def freeze(self, *which):
         "Stop training the groups (indices) or modules (name prefixes) given; with none, every group but the last."
         if self.fitting: raise RuntimeError("Can't freeze parameters while fit is running")
@@ -1153,13 +1154,13 @@ class _FineTune:
             if n < 2: raise ValueError("freeze() freezes every parameter group but the last, and there is one group: "
                                        "split the model first (trainer.split('body', 'head')), or name what to freeze")
             which = tuple(range(n - 1))
-        for p in self._params_of(which): p.requires_grad_(False)
+        for p in _params_of(self, which): p.requires_grad_(False)
         return self
 
     def unfreeze(self, *which):
         "Train again the groups (indices) or modules (name prefixes) given; with none, every parameter."
         if self.fitting: raise RuntimeError("Can't unfreeze parameters while fit is running")
-        params = self._params_of(which) if which else list(self.unwrapped_model.parameters())
+        params = _params_of(self, which) if which else list(self.unwrapped_model.parameters())
         for p in params: p.requires_grad_(True)
         return self
 
