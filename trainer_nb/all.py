@@ -18,6 +18,7 @@ from .cli import *
 from .launch import *
 from .hooks import *
 from .metrics import *
+from .workflow import *
 # a new module: add its `from trainer_nb.module import *` line above
 
 # %% ../nbs/09_all.ipynb #43572147

@@ -69,7 +69,8 @@ def _install(tmp: Path, path: Path):
 # %% ../nbs/06_checkpoint.ipynb #c77e5879
 def _recover(dir: Path) -> list[Path]:
     """Tidy what a process killed while saving or deleting left in `dir`: a complete temporary checkpoint (its manifest
-    written, every file matching it) whose final name is free gets that name; the rest is deleted. Returns those renamed."""
+    written, every file matching it) whose final name is free gets that name; the rest is deleted. Returns those
+    renamed."""
     promoted = []
     for p in sorted(Path(dir).iterdir()):
         if p.name.startswith('.tmp-step-'):
@@ -92,7 +93,8 @@ def list_checkpoints(dir) -> list[Path]:
     return [p for _, p in sorted(found)]
 
 def verify_checkpoint(path) -> dict:
-    "Check every file of a checkpoint against its manifest; returns the manifest, or raises a `ValueError` saying what is wrong."
+    """Check every file of a checkpoint against its manifest; returns the manifest, or raises a `ValueError` saying what
+    is wrong."""
     path = Path(path)
     def bad(msg):
         prev = [p for p in list_checkpoints(path.parent) if p != path and _step_of(p) < _step_of(path)]
@@ -107,7 +109,8 @@ def verify_checkpoint(path) -> dict:
         if not p.is_file(): raise bad(f"{name} is missing")
         if p.stat().st_size != info['size']:
             raise bad(f"{name} has {p.stat().st_size} bytes, the manifest says {info['size']} (truncated?)")
-        if 'sha256' in info and _sha256(p) != info['sha256']: raise bad(f"{name} does not match its SHA-256 (corrupted?)")
+        if 'sha256' in info and _sha256(p) != info['sha256']:
+            raise bad(f"{name} does not match its SHA-256 (corrupted?)")
     return man
 
 def _step_of(path) -> int:
@@ -118,7 +121,8 @@ def _step_of(path) -> int:
 _ADDR = re.compile(r' at 0x[0-9a-fA-F]+')
 
 def _config_value(v):
-    "`v` as JSON: numbers, strings, lists and dicts as they are, anything else as its `repr` (memory addresses left out)."
+    """`v` as JSON: numbers, strings, lists and dicts as they are, anything else as its `repr` (memory addresses left
+    out)."""
     if v is None or isinstance(v, (bool, int, str)): return v
     if isinstance(v, float): return v if math.isfinite(v) else repr(v)
     if isinstance(v, (torch.Tensor, np.ndarray, np.generic)) and v.ndim == 0: return _config_value(v.item())
@@ -137,7 +141,8 @@ def run_config(trainer: Trainer, epochs: int | None = None, config: dict | None 
     "The user's `config` and, under `'trainer'`, what `trainer` knows of a fit of `epochs` epochs; JSON-safe."
     t, acc = trainer, trainer.accelerator
     config = dict(config or {})
-    if 'trainer' in config: raise ValueError("The config key 'trainer' is reserved for what the trainer knows: rename it")
+    if 'trainer' in config:
+        raise ValueError("The config key 'trainer' is reserved for what the trainer knows: rename it")
     model, opt = t.unwrapped_model, getattr(t.opt, 'optimizer', t.opt)
     known = {'model': type(model).__name__, 'parameters': sum(p.numel() for p in model.parameters()),
              'optimizer': {'class': type(opt).__name__, **opt.defaults},
@@ -165,7 +170,8 @@ def config_diff(old: dict, new: dict) -> list[str]:
 
 # %% ../nbs/06_checkpoint.ipynb #ad7b226a
 def _lock_owner(fd: int, wait: bool = False) -> dict:
-    "Who the lock file open as `fd` says holds it ({} if it says nothing; `wait`: give its holder a second to write it)."
+    """Who the lock file open as `fd` says holds it ({} if it says nothing; `wait`: give its holder a second to write
+    it)."""
     for _ in range(20 if wait else 1):
         try: d = json.loads(os.pread(fd, 4096, 0) or b'null')
         except ValueError: d = None
@@ -175,7 +181,8 @@ def _lock_owner(fd: int, wait: bool = False) -> dict:
 
 def _take_lock(dir: Path) -> int | None:
     """Hold `dir/LOCK` (an exclusive `flock`, which the system drops when the process ends, however it ends) and write
-    who holds it; returns its file descriptor. A lock file nobody holds was left by a process that is gone: taken over."""
+    who holds it; returns its file descriptor. A lock file nobody holds was left by a process that is gone: taken
+    over."""
     try: import fcntl
     except ImportError:   # no flock on this platform
         warnings.warn(f"File locks are not available here: {dir} is not locked against a second run")
@@ -188,7 +195,8 @@ def _take_lock(dir: Path) -> int | None:
             other = _lock_owner(fd, wait=True)
             os.close(fd)
             if e.errno not in (errno.EAGAIN, errno.EACCES):
-                raise RuntimeError(f"Cannot lock {lock} ({e}): pass lock=False if this file system has no locks") from None
+                raise RuntimeError(f"Cannot lock {lock} ({e}): pass lock=False if this file system has no locks"
+                                   ) from None
             who = f"process {other.get('pid')} on {other.get('host')}" if other else "another process"
             raise RuntimeError(f"{dir} is in use by {who} (its lock file {lock}): use another directory, "
                                "or stop that run first") from None
@@ -212,7 +220,8 @@ def _release_lock(dir: Path, fd: int | None):
 
 # %% ../nbs/06_checkpoint.ipynb #c0e95075
 class RunDir:
-    "A run's directory: its lock, its checkpoints (`last`, `best`, rotation) and its `config.json`, tidied after a crash."
+    """A run's directory: its lock, its checkpoints (`last`, `best`, rotation) and its `config.json`, tidied after a
+    crash."""
     def __init__(self, path, lock: bool = True):
         self.path, self.lock, self._fd = Path(path), lock, None
 
@@ -289,21 +298,22 @@ class RunDir:
 def _jsonable(obj, what):
     try: return json.loads(json.dumps(obj, allow_nan=True))
     except TypeError as e:
-        raise TypeError(f"{what} must be JSON-able (numbers, strings, lists, dicts) to go in a checkpoint: {e}") from None
+        raise TypeError(f"{what} must be JSON-able (numbers, strings, lists, dicts) to go in a checkpoint: {e}"
+                        ) from None
 
 def _check_safe(acc):
     "Refuse what Accelerate would reload by unpickling arbitrary objects."
     if getattr(acc, '_custom_objects', None):
         names = ', '.join(type(o).__name__ for o in acc._custom_objects)
-        raise ValueError(f"The Accelerator has objects registered with register_for_checkpointing ({names}): Accelerate "
-                         "reloads them with torch.load(weights_only=False), which can run arbitrary code, so checkpoints "
-                         "refuse them. Keep their state in a hook's state_dict() (JSON) instead")
+        raise ValueError(f"The Accelerator has objects registered with register_for_checkpointing ({names}): "
+                         "Accelerate reloads them with torch.load(weights_only=False), which can run arbitrary code, "
+                         "so checkpoints refuse them. Keep their state in a hook's state_dict() (JSON) instead")
 
 def save_checkpoint(trainer: Trainer, path,
                     position: tuple[int, int] | None = None, # (epoch, batches of it done); default: after this batch
                     epoch_rng: list | None = None,           # each process's generators at the start of the epoch
                     checksum: bool = True, fit_start: int | None = None, fit_epochs: int | None = None,
-                    stopped: str | None = None) -> Path:     # why the fit stopped here (`CancelFit`): a resume trains nothing
+                    stopped: str | None = None) -> Path:     # why the fit stopped here (`CancelFit`): nothing to resume
     "Save `trainer` (weights, optimizer, scheduler, scaler, generators, counters, hooks' states) atomically to `path`."
     t, acc, s = trainer, trainer.accelerator, trainer.state
     _check_safe(acc)
@@ -325,9 +335,9 @@ def save_checkpoint(trainer: Trainer, path,
         sd['hooks'] = {k: _jsonable(v, f"{k}.state_dict()") for k, v in sd['hooks'].items()}
         if sd['scheduler'] is not None: sd['scheduler'] = _jsonable(sd['scheduler'], "the scheduler's state")
         start = s.epoch if fit_start is None else fit_start
+        n_epochs = s.epochs - start if fit_epochs is None else fit_epochs
         _write_json(tmp / _STATE, {'format': 1, **sd, 'position': list(position), 'num_processes': acc.num_processes,
-                                   'fit_start': start, 'fit_epochs': s.epochs - start if fit_epochs is None else fit_epochs,
-                                   'stopped': stopped, 'time': time.time()})
+                                   'fit_start': start, 'fit_epochs': n_epochs, 'stopped': stopped, 'time': time.time()})
     acc.wait_for_everyone()
     if main:
         _seal(tmp, checksum)
@@ -352,7 +362,8 @@ def _check_keys(model: torch.nn.Module, file, strict: bool = True):
     sd = model.state_dict()
     mine = {k: tuple(v.shape) for k, v in sd.items()}
     missing, unexpected = sorted(set(mine) - set(saved) - _tied(sd, saved)), sorted(set(saved) - set(mine))
-    shapes = [f"{k}: checkpoint {saved[k]}, model {mine[k]}" for k in sorted(set(mine) & set(saved)) if saved[k] != mine[k]]
+    shapes = [f"{k}: checkpoint {saved[k]}, model {mine[k]}" for k in sorted(set(mine) & set(saved))
+              if saved[k] != mine[k]]
     if shapes or (strict and (missing or unexpected)):
         msg = [f"The checkpoint {file} does not fit the model ({type(model).__name__}):"]
         if missing: msg.append(f"  missing keys (in the model, not in the checkpoint): {missing}")
@@ -362,7 +373,8 @@ def _check_keys(model: torch.nn.Module, file, strict: bool = True):
         raise ValueError('\n'.join(msg))
 
 def load_weights(model, path, strict: bool = True):
-    "Load the weights of checkpoint `path` into `model` (a `torch.nn.Module` or a `Trainer`); `strict=False` loads the keys that match."
+    """Load the weights of checkpoint `path` into `model` (a `torch.nn.Module` or a `Trainer`); `strict=False` loads
+    the keys that match."""
     from safetensors.torch import load_file
     path = Path(path)
     if isinstance(model, Trainer): model = model.unwrapped_model
@@ -411,24 +423,28 @@ def _check_files(path: Path, acc) -> str:
     return losses
 
 # %% ../nbs/06_checkpoint.ipynb #de5d4341
-def _is_checkpoint(h) -> bool: return callable(getattr(h, '_resumed', None))   # by shape: notebook and library classes mix
+def _is_checkpoint(h) -> bool:
+    return callable(getattr(h, '_resumed', None))   # by shape: notebook and library classes mix
 
 def _checkpoint_path(trainer, resume) -> Path | None:
     "The checkpoint `resume` names: 'last' or 'best' of the `Checkpoint` hook's directory, or a path."
     if resume in ('last', 'best'):
         cks = [h for h in trainer.hooks if _is_checkpoint(h)]
-        if not cks: raise ValueError(f"resume={resume!r} needs a Checkpoint hook (its directory): add one, or pass a path")
+        if not cks:
+            raise ValueError(f"resume={resume!r} needs a Checkpoint hook (its directory): add one, or pass a path")
         return cks[0].last if resume == 'last' else cks[0].best
     p = Path(resume)
     if not p.is_dir(): raise FileNotFoundError(f"No checkpoint directory {p}")
-    if not (p / _MANIFEST).exists() and list_checkpoints(p): return list_checkpoints(p)[-1]   # a run directory: its newest
+    if not (p / _MANIFEST).exists() and list_checkpoints(p):
+        return list_checkpoints(p)[-1]   # a run directory: its newest
     return p
 
 def resume_fit(trainer: Trainer, resume):
     "Load checkpoint `resume` ('last', 'best' or a path) into `trainer` for `fit(resume=...)` to continue from it."
     t, acc = trainer, trainer.accelerator
     _check_safe(acc)
-    if not hasattr(torch.serialization, 'add_safe_globals'):   # torch < 2.4: Accelerate's torch.load would unpickle freely
+    # torch < 2.4: Accelerate's torch.load would unpickle freely
+    if not hasattr(torch.serialization, 'add_safe_globals'):
         raise RuntimeError(f"Resuming needs torch>=2.4 (this is {torch.__version__}) to load optimizer and generator "
                            "files with torch.load(weights_only=True)")
     # the run directory before anything is read or changed: its lock (a second live run is refused here), and the
@@ -452,8 +468,8 @@ def _check_compatible(t: Trainer, st: dict):
         warnings.warn(f"The checkpoint was taken on {st['num_processes']} processes, this run has {acc.num_processes}: "
                       "the data order differs")
     if s.epochs - s.epoch != st['fit_epochs']:
-        warnings.warn(f"The interrupted fit was asked for {st['fit_epochs']} epochs, this one for {s.epochs - s.epoch}: "
-                      "its schedule continues from the checkpoint's state")
+        warnings.warn(f"The interrupted fit was asked for {st['fit_epochs']} epochs, this one for "
+                      f"{s.epochs - s.epoch}: its schedule continues from the checkpoint's state")
     if (t.scheduler is None) != (st['scheduler'] is None):
         raise ValueError("The checkpoint was taken " + ("with" if st['scheduler'] is not None else "without") +
                          " a scheduler, this fit has " + ("one" if t.scheduler is not None else "none") +
@@ -479,7 +495,8 @@ def _resume(t: Trainer, resume) -> Path:
     losses = {'values': saved['losses'], 'skipped': saved['skipped'].tolist() if 'skipped' in saved else []}
     try: t.load_state_dict({**st, 'losses': losses})
     except Exception as e:
-        raise ValueError(f"Checkpoint {path}: {_STATE} does not load into this trainer ({type(e).__name__}: {e})") from e
+        raise ValueError(f"Checkpoint {path}: {_STATE} does not load into this trainer ({type(e).__name__}: {e})"
+                         ) from e
     # the counters are as they were at the save (`opt_stepped` included: a hook may read it before the next batch)
     epoch, done = st['position']
     s.epochs = st['fit_start'] + epochs
@@ -512,7 +529,8 @@ class _CheckpointRun:
         return self.run.best(self.best_name)   # (the same name on every process; `best.json` for a run not seen)
 
     def _resumed(self, st, epoch_rng, path):
-        "Called by `resume_fit`: the interrupted fit's first epoch, the epoch-start generators of a mid-epoch resume, the checkpoint."
+        """Called by `resume_fit`: the interrupted fit's first epoch, the epoch-start generators of a mid-epoch resume,
+        the checkpoint."""
         self._fit_start, self._resume_rng, self._resumed_from = st['fit_start'], epoch_rng, Path(path)
         self._stopped = st.get('stopped')
 
@@ -547,7 +565,8 @@ class _CheckpointRun:
 class _CheckpointSaving(_CheckpointRun):
     "How the `Checkpoint` hook saves: when, which checkpoint is the best, and what a signal does."
     def save(self, position=None, stopped: str | None = None) -> Path:
-        "Save a checkpoint now (every process must call this, at a step boundary); returns its path. A step saved already in this fit is not saved again."
+        """Save a checkpoint now (every process must call this, at a step boundary); returns its path. A step saved
+        already in this fit is not saved again."""
         t, s = self.trainer, self.trainer.state
         path = self.dir / f'step-{s.step:08d}'
         if self._saved_step == s.step: return path
@@ -564,9 +583,9 @@ class _CheckpointSaving(_CheckpointRun):
         res = t.epoch_results
         if self.monitor and self.monitor not in res and not self._warned:
             self._warned = True
+            nothing = " and load_best_at_end loads nothing" if self.load_best_at_end else ""
             warnings.warn(f"Checkpoint monitors {self.monitor!r}, which is not among this epoch's results {list(res)}: "
-                          "no checkpoint is marked best" + (" and load_best_at_end loads nothing" if self.load_best_at_end
-                                                            else "") + " (pass monitor= one of them, or monitor=None)")
+                          f"no checkpoint is marked best{nothing} (pass monitor= one of them, or monitor=None)")
         v = res.get(self.monitor) if self.monitor else None
         better = isinstance(v, (int, float)) and not math.isnan(v) and (
             self.best_value is None or (v < self.best_value if self.mode == 'min' else v > self.best_value))
@@ -581,9 +600,10 @@ class _CheckpointSaving(_CheckpointRun):
         if self._warned or not self.monitor or t.valid_dl is not None: return
         if self.monitor == 'valid_loss' or self.monitor in [_name_of(m) for m in t.metrics]:
             self._warned = True
-            warnings.warn(f"Checkpoint monitors {self.monitor!r}, which only validation reports, and the trainer has no "
-                          "valid_dl: no checkpoint is marked best" + (" and load_best_at_end loads nothing"
-                          if self.load_best_at_end else "") + " (give the trainer a valid_dl, or pass monitor=None)")
+            nothing = " and load_best_at_end loads nothing" if self.load_best_at_end else ""
+            warnings.warn(f"Checkpoint monitors {self.monitor!r}, which only validation reports, and the trainer has "
+                          f"no valid_dl: no checkpoint is marked best{nothing} (give the trainer a valid_dl, or pass "
+                          "monitor=None)")
 
     def _catch_signals(self):
         "Save and stop at the next step on SIGTERM and SIGINT (on the main thread only: where signals arrive)."
@@ -621,31 +641,11 @@ def _check_checkpoint_args(config, mode, keep_last, every_steps):
     if keep_last is not None and keep_last < 1: raise ValueError(f"keep_last must be >= 1 or None, got {keep_last}")
     if every_steps is not None and every_steps < 1: raise ValueError(f"every_steps must be >= 1, got {every_steps}")
 
-# %% ../nbs/06_checkpoint.ipynb #8b07469b
-class Checkpoint(_CheckpointSaving, Hook):
-    "Save the trainer every `every_steps` steps / `every_seconds` seconds / epoch end; keep the last `keep_last` and the best."
-    order = 85   # after the hooks whose state it saves (Recorder 10, MetricsLog 80, EarlyStopping 82)
-
-    def __init__(self, dir, every_steps: int | None = None, every_seconds: float | None = None,
-                 at_epoch_end: bool = True, keep_last: int | None = 3,
-                 monitor: str | None = 'valid_loss', mode: str = 'min', load_best_at_end: bool = False,
-                 handle_signals: bool = True, checksum: bool = True, lock: bool = True,
-                 config: dict | None = None,    # the run's config, written to `dir/config.json` (see `run_config`)
-                 replay_batches: bool = False): # a mid-epoch resume loads and discards the batches done (see above)
-        _check_checkpoint_args(config, mode, keep_last, every_steps)
-        self.run = RunDir(dir, lock)
-        self.every_steps, self.every_seconds, self.at_epoch_end = every_steps, every_seconds, at_epoch_end
-        self.keep_last, self.monitor, self.mode, self.load_best_at_end = keep_last, monitor, mode, load_best_at_end
-        self.handle_signals, self.checksum, self.config, self.replay_batches = handle_signals, checksum, config, replay_batches
-        self.best_value, self.best_name, self.saved = None, None, []   # saved: this fit's checkpoints, oldest first
-        self._signal, self._old_handlers, self._epoch_rng, self._fit_start, self._resume_rng = None, {}, None, None, None
-        self._opened, self._resumed_from, self._stopped, self._warned, self._saved_step = False, None, None, False, None
-        self._in_epoch, self._epoch_ended = None, False
-
-    def state_dict(self) -> dict: return {'best_value': self.best_value, 'best_name': self.best_name}
-    def load_state_dict(self, d: dict): self.best_value, self.best_name = d['best_value'], d['best_name']
-
+# %% ../nbs/06_checkpoint.ipynb #162820ec
+class _CheckpointEvents(_CheckpointSaving):
+    "What the `Checkpoint` hook does at each event."
     def before_fit(self):
+        if self.trainer.dev_run: return   # `fit(fast_dev_run=True)`: nothing written
         t = self.trainer
         self._n_procs, self._last_save, self._signal = t.accelerator.num_processes, time.monotonic(), None
         self.saved, self._saved_step, self._in_epoch, self._epoch_ended = [], None, None, False
@@ -656,16 +656,19 @@ class Checkpoint(_CheckpointSaving, Hook):
             self.run.write_config(run_config(t, t.state.epochs - self._fit_start, self.config), self._resumed_from)
         if self._stopped is not None:   # resumed from the checkpoint of a fit that CancelFit stopped: it stays stopped
             why, self._stopped = self._stopped, None
-            raise CancelFit(f"{why} (resumed from {self._resumed_from}, where the fit had stopped: nothing left to train)")
+            raise CancelFit(f"{why} (resumed from {self._resumed_from}, where the fit had stopped: nothing left to "
+                            "train)")
         if self.handle_signals: self._catch_signals()
 
     def before_epoch(self):
+        if self.trainer.dev_run: return
         t = self.trainer
         self._in_epoch, self._epoch_ended = t.state.epoch, False
         if self._resume_rng is not None: self._epoch_rng, self._resume_rng = self._resume_rng, None
         else: self._epoch_rng = rng_state(t.train_loader)
 
     def after_step(self):
+        if self.trainer.dev_run: return
         s = self.trainer.state
         if not s.opt_stepped: return
         due = self.every_steps is not None and s.step % self.every_steps == 0
@@ -679,6 +682,7 @@ class Checkpoint(_CheckpointSaving, Hook):
         if stop: self._stop(stop)
 
     def after_epoch(self):
+        if self.trainer.dev_run: return
         s = self.trainer.state
         self._epoch_ended = True
         self._end_epoch()
@@ -689,6 +693,7 @@ class Checkpoint(_CheckpointSaving, Hook):
             self._stop(stop)
 
     def after_cancel(self):
+        if self.trainer.dev_run: return
         t = self.trainer
         # `CancelFit` from a hook's `after_epoch` before this one (`EarlyStopping`): the epoch is complete (its results
         # got their 'time', set just before `after_epoch`) but was not saved: save it, marked as where the fit stopped
@@ -697,6 +702,7 @@ class Checkpoint(_CheckpointSaving, Hook):
             self._end_epoch(stopped=str(t.cancelled) or 'CancelFit')
 
     def after_fit(self):
+        if self.trainer.dev_run: return
         t = self.trainer
         self._release_signals()
         self._fit_start, self._resume_rng, self._resumed_from = None, None, None
@@ -706,19 +712,61 @@ class Checkpoint(_CheckpointSaving, Hook):
                 t.cancelled is not None and not isinstance(t.cancelled, CancelFit)):
             load_weights(t, self.best)
 
+# %% ../nbs/06_checkpoint.ipynb #8b07469b
+class Checkpoint(_CheckpointEvents, Hook):
+    """Save the trainer every `every_steps` steps / `every_seconds` seconds / epoch end; keep the last `keep_last` and
+    the best."""
+    order = 85   # after the hooks whose state it saves (Recorder 10, MetricsLog 80, EarlyStopping 82)
+
+    def __init__(self, dir, every_steps: int | None = None, every_seconds: float | None = None,
+                 at_epoch_end: bool = True, keep_last: int | None = 3,
+                 monitor: str | None = 'valid_loss', mode: str = 'min', load_best_at_end: bool = False,
+                 handle_signals: bool = True, checksum: bool = True, lock: bool = True,
+                 config: dict | None = None,    # the run's config, written to `dir/config.json` (see `run_config`)
+                 replay_batches: bool = False): # a mid-epoch resume loads and discards the batches done (see above)
+        _check_checkpoint_args(config, mode, keep_last, every_steps)
+        self.run = RunDir(dir, lock)
+        self.every_steps, self.every_seconds, self.at_epoch_end = every_steps, every_seconds, at_epoch_end
+        self.keep_last, self.monitor, self.mode, self.load_best_at_end = keep_last, monitor, mode, load_best_at_end
+        self.handle_signals, self.checksum, self.config = handle_signals, checksum, config
+        self.replay_batches = replay_batches
+        self.best_value, self.best_name, self.saved = None, None, []   # saved: this fit's checkpoints, oldest first
+        self._signal, self._old_handlers, self._epoch_rng = None, {}, None
+        self._fit_start, self._resume_rng = None, None
+        self._opened, self._resumed_from, self._stopped, self._warned, self._saved_step = False, None, None, False, None
+        self._in_epoch, self._epoch_ended = None, False
+
+    def state_dict(self) -> dict: return {'best_value': self.best_value, 'best_name': self.best_name}
+    def load_state_dict(self, d: dict): self.best_value, self.best_name = d['best_value'], d['best_name']
+
+
 # %% ../nbs/06_checkpoint.ipynb #0871f29a
+def _epoch_end_checkpoint(t, epoch: int) -> Path | None:
+    "The checkpoint a `Checkpoint` hook of `t` saved at the end of `epoch` (None if there is none)."
+    for h in t.hooks:
+        if not _is_checkpoint(h): continue
+        for p in reversed(list_checkpoints(h.dir)):
+            try: position = json.loads((p / _STATE).read_text())['position']
+            except (OSError, ValueError, KeyError): continue
+            if position == [epoch + 1, 0]: return p
+    return None
+
 class EarlyStopping(Hook):
-    "Stop the fit when `monitor` has not improved by more than `min_delta` for `patience` epochs."
+    """Stop the fit when `monitor` has not improved by more than `min_delta` for `patience` epochs; `restore_best`: end
+    every fit with the weights of the best epoch."""
     order = 82   # after MetricsLog (the last epoch is logged), before Checkpoint (which saves its state; when this
                 # stops the fit, Checkpoint saves the finished epoch in after_cancel, marked as where the fit stopped)
 
-    def __init__(self, monitor: str = 'valid_loss', mode: str = 'min', patience: int = 3, min_delta: float = 0.):
+    def __init__(self, monitor: str = 'valid_loss', mode: str = 'min', patience: int = 3, min_delta: float = 0.,
+                 restore_best: bool = False):
         if mode not in ('min', 'max'): raise ValueError(f"mode must be 'min' or 'max', got {mode!r}")
         self.monitor, self.mode, self.patience, self.min_delta = monitor, mode, patience, abs(min_delta)
+        self.restore_best, self._best_weights = restore_best, None   # (a CPU copy of the best epoch's weights)
         self.best, self.best_epoch, self.wait = None, None, 0
 
     def state_dict(self) -> dict: return {'best': self.best, 'best_epoch': self.best_epoch, 'wait': self.wait}
-    def load_state_dict(self, d: dict): self.best, self.best_epoch, self.wait = d['best'], d['best_epoch'], d['wait']
+    def load_state_dict(self, d: dict):
+        self.best, self.best_epoch, self.wait, self._best_weights = d['best'], d['best_epoch'], d['wait'], None
 
     def after_epoch(self):
         t = self.trainer
@@ -726,8 +774,13 @@ class EarlyStopping(Hook):
         if self.monitor not in res:
             raise KeyError(f"EarlyStopping monitors {self.monitor!r}, not among this epoch's results {list(res)}")
         v = float(res[self.monitor])
-        if self.best is None or (v < self.best - self.min_delta if self.mode == 'min' else v > self.best + self.min_delta):
+        better = self.best is None or (
+            v < self.best - self.min_delta if self.mode == 'min' else v > self.best + self.min_delta)
+        if better:
             self.best, self.best_epoch, self.wait = v, t.state.epoch, 0
+            if self.restore_best:
+                sd = t.unwrapped_model.state_dict()
+                self._best_weights = {k: v.detach().to('cpu', copy=True) for k, v in sd.items()}
         else: self.wait += 1
         stop = self.wait >= self.patience
         acc = t.accelerator
@@ -738,6 +791,19 @@ class EarlyStopping(Hook):
             raise CancelFit(f"Early stopping: {self.monitor} has not improved by more than {self.min_delta} for "
                             f"{self.wait} epochs (best {self.best:.6g} at epoch {self.best_epoch})")
 
+    def after_fit(self):
+        t = self.trainer
+        if not self.restore_best or self.best_epoch is None: return
+        if t.cancelled is not None and not isinstance(t.cancelled, CancelFit): return   # an error: weights left as is
+        if self._best_weights is not None:
+            t.unwrapped_model.load_state_dict(self._best_weights)
+            return
+        path = _epoch_end_checkpoint(t, self.best_epoch)   # a resumed fit: the best epoch was before the restart
+        if path is not None: load_weights(t, path)
+        else: warnings.warn(f"EarlyStopping(restore_best=True): the weights of the best epoch ({self.best_epoch}) "
+                            "are neither in memory (it came before a resume) nor in a checkpoint (rotated away?): "
+                            "the model keeps its last weights. A Checkpoint monitoring the same metric keeps them")
+
 # %% ../nbs/06_checkpoint.ipynb #c2ac2e3d
 def _json_value(v):
     "A value for a JSON line: numbers and lists as `_plain` makes them, a non-finite float as null."
@@ -747,7 +813,8 @@ def _json_value(v):
 _COUNTERS = ('kind', 'step', 'epoch', 'iteration', 'samples', 'time')
 
 class MetricsLog(MainProcessHook):
-    "Append one JSON line per epoch and per `every_steps` optimizer steps to `path`, and log them to Accelerate's trackers (main process only)."
+    """Append one JSON line per epoch and per `every_steps` optimizer steps to `path`, and log them to Accelerate's
+    trackers (main process only)."""
     order = 80
 
     def __init__(self, path, every_steps: int | None = 50,
@@ -771,6 +838,7 @@ class MetricsLog(MainProcessHook):
             with open(self.path, 'r+b') as f: f.truncate(cut)
 
     def _write(self, rec: dict):
+        if self.trainer.dev_run: return   # `fit(fast_dev_run=True)`: nothing written
         rec = {k: _json_value(v) for k, v in rec.items()}
         self._f.write(json.dumps(rec) + '\n')
         self._f.flush()
@@ -809,8 +877,10 @@ class MetricsLog(MainProcessHook):
         if self._f is not None: self._f.close()
         self._f, self._lo = None, None
 
+# %% ../nbs/06_checkpoint.ipynb #54468284
 def read_metrics(path):
-    "`metrics.jsonl` (a file, or a directory holding one) as a `pandas.DataFrame`; a last line cut by a crash is skipped."
+    """`metrics.jsonl` (a file, or a directory holding one) as a `pandas.DataFrame`; a last line cut by a crash is
+    skipped."""
     import pandas as pd
     p = Path(path)
     if p.is_dir(): p = p / 'metrics.jsonl'

@@ -867,14 +867,18 @@ class _State:
     "The trainer's state: its base LR, saving and loading it, and changing it for the length of a block."
     @property
     def lr(self) -> float:
-        "The base learning rate (the first parameter group's; the others keep their ratio to it)."
+        """The base learning rate (the first parameter group's; the others keep their ratio to it). Set it to a number,
+        or to one per group: a list or `slice(lo, hi)` (see `split`)."""
         return self._base_lrs[0]
 
     @lr.setter
     def lr(self, lr: float):
-        if not (isinstance(lr, (int, float)) and lr > 0): raise ValueError(f"lr must be a positive number, got {lr!r}")
-        scale = lr / self._base_lrs[0]
-        self._base_lrs = [b * scale for b in self._base_lrs]
+        if isinstance(lr, (slice, list, tuple)): self._base_lrs = _group_lrs(lr, len(self._base_lrs))   # one a group
+        elif not (isinstance(lr, (int, float)) and lr > 0):
+            raise ValueError(f"lr must be a positive number, got {lr!r}")
+        else:
+            scale = lr / self._base_lrs[0]
+            self._base_lrs = [b * scale for b in self._base_lrs]
         for g, b in zip(self.opt.param_groups, self._base_lrs): g['lr'] = b
 
     def state_dict(self, hooks: bool = True) -> dict:
@@ -979,6 +983,235 @@ class _Shortcuts:
             raise LookupError(f"trainer.history is kept by a Recorder hook: this trainer has {len(keepers)} (hooks: "
                               f"{[h.name for h in self.hooks]}); add one trainer_nb.recorder.Recorder")
         return keepers[0].history
+
+# %% ../nbs/00_core.ipynb #84bf124e
+import traceback
+from accelerate.utils.memory import clear_device_cache
+
+# %% ../nbs/00_core.ipynb #3b7170b3
+class _FirstBatches:
+    "A batch sampler yielding the first `n` batches of `batches` (an iterable of index lists) each time it is iterated."
+    def __init__(self, batches, n: int): self.batches, self.n = batches, n
+    def __iter__(self): return itertools.islice(iter(self.batches), self.n)
+    def __len__(self): return min(self.n, len(self.batches))
+
+def _few_batches(dl, n: int, fixed: bool, what: str):
+    "A `DataLoader` like `dl` with only its first `n` batches; `fixed`: the same ones every epoch, in dataset order."
+    if dl is None: return None
+    if not isinstance(dl, torch.utils.data.DataLoader) or isinstance(dl.dataset, IterableDataset):
+        raise TypeError(f"{what} needs a torch DataLoader over a dataset with a length, got {type(dl).__name__}")
+    if fixed and dl.batch_size is not None:
+        order = torch.utils.data.SequentialSampler(dl.dataset)
+        batches = list(itertools.islice(torch.utils.data.BatchSampler(order, dl.batch_size, dl.drop_last), n))
+    elif fixed: batches = list(itertools.islice(iter(dl.batch_sampler), n))
+    else: batches = _FirstBatches(dl.batch_sampler, n)
+    return torch.utils.data.DataLoader(dl.dataset, batch_sampler=batches, num_workers=dl.num_workers,
+                                       collate_fn=dl.collate_fn, pin_memory=dl.pin_memory,
+                                       worker_init_fn=dl.worker_init_fn)
+
+def _check_quick(limit_batches, overfit_batches, fast_dev_run, resume):
+    for k, v in (('limit_batches', limit_batches), ('overfit_batches', overfit_batches)):
+        if v is not None and not (isinstance(v, int) and v >= 1):
+            raise ValueError(f"{k} must be an int >= 1, got {v!r}")
+    given = [k for k, v in (('limit_batches', limit_batches), ('overfit_batches', overfit_batches),
+                            ('fast_dev_run', fast_dev_run)) if v]
+    if len(given) > 1: raise ValueError(f"Pass one of {', '.join(given)}, not several")
+    if given and resume is not None:
+        raise ValueError(f"{given[0]} is for a fresh fit: it can't be combined with resume=")
+
+def _spy(t, fired: set) -> list:
+    "Wrap each hook's event methods (as instance attributes) so that calling one notes `(hook key, event)` in `fired`."
+    undo = []
+    for key, h in t.hook_keys():
+        for e in EVENTS:
+            f = getattr(h, e, None)
+            if not callable(f): continue
+            def noted(f=f, key=key, e=e):
+                fired.add((key, e))
+                return f()
+            undo.append((h, e, h.__dict__.get(e, _END)))
+            setattr(h, e, noted)
+    return undo
+
+def _unspy(undo):
+    for h, e, old in undo:
+        if old is _END: del h.__dict__[e]
+        else: setattr(h, e, old)
+
+# %% ../nbs/00_core.ipynb #0189c2a0
+def _free_after_oom(t, e: BaseException):
+    "Let go of what an out-of-memory error left holding device memory, and say what to do."
+    t.batch = t.preds = t.loss = t.out = None
+    traceback.clear_frames(e.__traceback__)   # the frames of the failed step hold its tensors
+    clear_device_cache(garbage_collection=True)
+    _annotate(e, "Out of memory: the trainer let go of this step's batch, predictions and loss and emptied the "
+                 "device's cache, so the kernel stays usable. Lower the batch size (trainer.find_batch_size() finds "
+                 "one that fits), or train in mixed_precision='bf16' or with smaller batches and grad_accum=")
+
+class _QuickChecks:
+    "`fit` with quick checks of a pipeline (see above), and `describe_hooks` marking what a dev run fired."
+    dev_run: bool = False   # True while `fit(fast_dev_run=True)` runs
+    _fired = None           # `(hook key, event)` pairs the last dev run called
+
+    def fit(self, epochs: int, lr=None, resume=None, *, limit_batches: int | None = None,
+            overfit_batches: int | None = None, fast_dev_run: bool = False):
+        """Train for `epochs` more epochs (see `fit` above); `limit_batches=N`: the first `N` batches of each loader;
+        `overfit_batches=N`: the same `N` batches every epoch, validated on too; `fast_dev_run`: one batch of each
+        through every hook, then everything put back; returns what ran (see above)."""
+        _check_quick(limit_batches, overfit_batches, fast_dev_run, resume)
+        try:
+            if fast_dev_run: return self._dev_run(lr)
+            if not (limit_batches or overfit_batches): return super().fit(epochs, lr=lr, resume=resume)
+            n, fixed = (limit_batches, False) if limit_batches else (overfit_batches, True)
+            what = 'limit_batches' if limit_batches else 'overfit_batches'
+            train = _few_batches(self.train_dl, n, fixed, what)
+            valid = train if fixed and self.valid_dl is not None else _few_batches(self.valid_dl, n, fixed, what)
+            with self.temporary(train_dl=train, valid_dl=valid): super().fit(epochs, lr=lr)
+        except torch.OutOfMemoryError as e:
+            _free_after_oom(self, e)
+            raise
+
+    def summary(self):
+        "The model's modules with their output shapes on one real batch, parameter counts and memory (see `workflow`)."
+        from trainer_nb.workflow import model_summary
+        return model_summary(self)
+
+    def find_batch_size(self, start: int = 1024, steps: int = 1) -> int:
+        "The largest of `start`, `start / 2`, ... at which `steps` training steps fit in memory (see `workflow`)."
+        from trainer_nb.workflow import largest_batch_size
+        return largest_batch_size(self, start, steps)
+
+    def _dev_run(self, lr):
+        train = _few_batches(self.train_dl, 1, False, 'fast_dev_run')
+        valid = _few_batches(self.valid_dl, 1, False, 'fast_dev_run')
+        fired = set()
+        with self.temporary(rewind=True, train_dl=train, valid_dl=valid, dev_run=True):
+            undo = _spy(self, fired)
+            try: super().fit(1, lr=lr)
+            finally: _unspy(undo)
+            loss, results = self.losses.mean(len(self.losses) - 1), dict(self.epoch_results)
+        self._fired = fired
+        if self.is_main_process:
+            print(f"fast_dev_run: 1 training batch (loss {loss:.4g})" + (", 1 validation batch" if valid else "") +
+                  f"; {len(fired)} hook calls; epoch results {sorted(results)}; the trainer is as it was", flush=True)
+        return self.describe_hooks()
+
+    def describe_hooks(self):
+        """A table, one row per event, of the hooks that run there in order (unknown `before_*/after_*` methods are
+        flagged); after `fit(fast_dev_run=True)`, a column of the hooks that ran at each event in that run."""
+        df = super().describe_hooks()
+        if self._fired is None: return df
+        keys = dict(self.hook_keys())
+        ran = {e: ', '.join(k for k, h in keys.items() if (k, e) in self._fired) or '-' for e in EVENTS}
+        df['ran in fast_dev_run'] = [ran.get(e, '-') for e in df.index]
+        return df
+
+# %% ../nbs/00_core.ipynb #f1fc9d84
+def _group_lrs(lr, n: int) -> list[float]:
+    "One LR per parameter group from a number (every group), a list (one each) or `slice(lo, hi)` / `slice(hi)`."
+    if isinstance(lr, slice):
+        if lr.step is not None: raise ValueError(f"lr=slice(lo, hi) takes no step, got {lr!r}")
+        if not all(isinstance(v, (int, float)) and v > 0 for v in (1 if lr.start is None else lr.start, lr.stop)):
+            raise ValueError(f"learning rates must be positive numbers, got {lr!r}")
+        hi = lr.stop
+        if lr.start is None: out = [hi / 10] * (n - 1) + [hi]
+        elif n == 1: out = [hi]
+        else: out = [lr.start * (hi / lr.start) ** (i / (n - 1)) for i in range(n)]
+    elif isinstance(lr, (list, tuple)):
+        if len(lr) != n: raise ValueError(f"lr has {len(lr)} values for {n} parameter groups: give one per group")
+        out = list(lr)
+    else: out = [lr] * n
+    if not all(isinstance(v, (int, float)) and v > 0 for v in out):
+        raise ValueError(f"learning rates must be positive numbers, got {lr!r}")
+    return [float(v) for v in out]
+
+def _matches(name: str, prefix: str) -> bool:
+    return prefix == '' or name == prefix or name.startswith(prefix + '.')
+
+def _group_names(t, item) -> list[str]:
+    "Module-name prefixes of a group given as a prefix, a module, or a list of these."
+    if isinstance(item, str): return [item]
+    if isinstance(item, torch.nn.Module):
+        names = [n for n, m in t.unwrapped_model.named_modules() if m is item]
+        if not names: raise ValueError(f"{type(item).__name__} is not a module of this trainer's model")
+        return names[:1]
+    if isinstance(item, (list, tuple)): return [n for i in item for n in _group_names(t, i)]
+    raise TypeError(f"A parameter group is a module-name prefix, a module or a list of them, got {item!r}")
+
+def _params_of(t, which) -> list:
+    "The parameters of each group index and module-name prefix in `which`."
+    groups, out = t.opt.param_groups, []
+    for w in which:
+        if isinstance(w, int):
+            if not -len(groups) <= w < len(groups):
+                raise IndexError(f"No parameter group {w}: the optimizer has {len(groups)}")
+            out += groups[w]['params']
+        elif isinstance(w, str):
+            found = [p for n, p in t.unwrapped_model.named_parameters() if _matches(n, w)]
+            if not found: raise ValueError(f"No parameters under module {w!r}")
+            out += found
+        else: raise TypeError(f"freeze/unfreeze take group indices or module-name prefixes, got {w!r}")
+    return out
+
+# %% ../nbs/00_core.ipynb #4a933718
+class _FineTune:
+    "Parameter groups, freezing and discriminative learning rates."
+    @property
+    def lrs(self) -> list[float]:
+        "The base learning rate of each parameter group."
+        return list(self._base_lrs)
+
+    def split(self, *groups):
+        "One optimizer parameter group per argument (body first, head last); see above."
+        if self.fitting: raise RuntimeError("Can't split the parameters while fit is running")
+        if not groups: raise ValueError("split needs at least one group: module-name prefixes or modules")
+        prefixes = [_group_names(self, g) for g in groups]
+        members, unmatched = [[] for _ in groups], []
+        for name, p in self.unwrapped_model.named_parameters():
+            best = max(((len(pre), i) for i, ps in enumerate(prefixes) for pre in ps if _matches(name, pre)),
+                       default=None)
+            if best is None: unmatched.append(name)
+            else: members[best[1]].append(p)
+        if unmatched:
+            raise ValueError(f"{len(unmatched)} parameters are in no group (e.g. {unmatched[:3]}): name their modules, "
+                             "or add '' for a group of everything else")
+        empty = [groups[i] for i, m in enumerate(members) if not m]
+        if empty: raise ValueError(f"No parameters in group(s) {empty}: check the module names")
+        opt, lr = self.opt.optimizer, self.lr
+        settings = {k: v for k, v in opt.param_groups[0].items() if k not in ('params', 'initial_lr')}
+        opt.param_groups.clear()   # in place: hooks may hold the list
+        for m in members: opt.add_param_group({**settings, 'params': m, 'lr': lr})
+        self._base_lrs = [lr] * len(members)
+        return self
+
+    def freeze(self, *which):
+        "Stop training the groups (indices) or modules (name prefixes) given; with none, every group but the last."
+        if self.fitting: raise RuntimeError("Can't freeze parameters while fit is running")
+        if not which:
+            n = len(self.opt.param_groups)
+            if n < 2: raise ValueError("freeze() freezes every parameter group but the last, and there is one group: "
+                                       "split the model first (trainer.split('body', 'head')), or name what to freeze")
+            which = tuple(range(n - 1))
+        for p in _params_of(self, which): p.requires_grad_(False)
+        return self
+
+    def unfreeze(self, *which):
+        "Train again the groups (indices) or modules (name prefixes) given; with none, every parameter."
+        if self.fitting: raise RuntimeError("Can't unfreeze parameters while fit is running")
+        params = _params_of(self, which) if which else list(self.unwrapped_model.parameters())
+        for p in params: p.requires_grad_(True)
+        return self
+
+    def fine_tune(self, epochs: int, base_lr: float = 2e-3, freeze_epochs: int = 1, lr_mult: float = 100.,
+                  pct_start: float = 0.3, div: float = 5., **kw):
+        """Train the last group alone for `freeze_epochs` (one cycle at `base_lr`), then every group for `epochs`
+        (one cycle at `slice(base_lr / 2 / lr_mult, base_lr / 2)`). `kw` go to both `fit_one_cycle` calls."""
+        if freeze_epochs:
+            self.freeze()
+            try: self.fit_one_cycle(freeze_epochs, slice(base_lr), pct_start=0.99, **kw)
+            finally: self.unfreeze()
+        hi = base_lr / 2
+        self.fit_one_cycle(epochs, slice(hi / lr_mult, hi), pct_start=pct_start, div=div, **kw)
 
 # %% ../nbs/00_core.ipynb #f7299be7
 _STEP_PARTS = ('backward', 'optimizer_step', 'zero_grad')
@@ -1193,7 +1426,7 @@ def _make_optimizer(opt_func, model, lr):
     return opt_func
 
 # %% ../nbs/00_core.ipynb #906a3a6d
-class Trainer(_Steps, _Logging, _Hooks, _Epoch, _Fit, _Eval, _State, _Shortcuts):
+class Trainer(_QuickChecks, _Steps, _Logging, _Hooks, _Epoch, _Fit, _Eval, _State, _Shortcuts, _FineTune):
     """Trains `model` on `train_dl`, validates on `valid_dl`, calling hooks at each event. `fit(epochs)` runs:
 
         before_fit
@@ -1209,8 +1442,7 @@ class Trainer(_Steps, _Logging, _Hooks, _Epoch, _Fit, _Eval, _State, _Shortcuts)
     A hook raises `CancelStep` to drop the rest of a batch (no optimizer step on it), `CancelEpoch` to end an epoch's
     training (validation and after_epoch still run), `CancelFit` to stop (after_cancel and after_fit run, and `fit`
     returns). Every hook of after_cancel and after_fit runs even if one raises. Default hooks: `default_hooks`."""
-    # the hooks every trainer gets unless `default_hooks=False` (classes, or 'module:Class' names imported when first
-    # needed): the Recorder (losses, LRs, `history`), Progress (a dashboard or a text bar), LivePlot (the curves)
+    # hooks every trainer gets unless `default_hooks=False` (classes or 'module:Class'): Recorder, Progress, LivePlot
     default_hooks: list = ['trainer_nb.recorder:Recorder', 'trainer_nb.progress:Progress',
                            'trainer_nb.liveplot:LivePlot']
     resume_func = 'trainer_nb.checkpoint:resume_fit'   # `resume_func(trainer, resume)`: `fit(resume=)`

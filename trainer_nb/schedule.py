@@ -10,7 +10,6 @@ from functools import partial
 __all__ = ['one_cycle', 'cosine', 'constant']
 
 # %% ../nbs/02_schedule.ipynb #09fd802a
-import torch
 from torch.optim.lr_scheduler import CosineAnnealingLR, LinearLR, OneCycleLR, SequentialLR
 
 # %% ../nbs/02_schedule.ipynb #1a4cd661
