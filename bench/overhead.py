@@ -25,24 +25,8 @@ def make(steps, bs=64):
     model = nn.Sequential(nn.Linear(32, 64), nn.ReLU(), nn.Linear(64, 10))
     return model, DataLoader(ds, batch_size=bs)
 
-def raw_loop(steps):
-    model, dl = make(steps)
-    opt = torch.optim.SGD(model.parameters(), lr=0.01)
-    t = time.perf_counter()
-    for x, y in dl:
-        loss = F.cross_entropy(model(x), y)
-        loss.backward()
-        opt.step()
-        opt.zero_grad()
-    return steps / (time.perf_counter() - t)
-
-def make_list(steps, bs=64):
-    "The same model, and the batches pre-collated in a list: no DataLoader, so the loop's own cost shows."
-    model, dl = make(steps, bs)
-    return model, list(dl)
-
-def raw_list(steps):
-    model, batches = make_list(steps)
+def _raw(model, batches, steps):
+    "Steps/s of the hand-written loop over `batches` (a DataLoader or a list)."
     opt = torch.optim.SGD(model.parameters(), lr=0.01)
     t = time.perf_counter()
     for x, y in batches:
@@ -51,6 +35,15 @@ def raw_list(steps):
         opt.step()
         opt.zero_grad()
     return steps / (time.perf_counter() - t)
+
+def raw_loop(steps): return _raw(*make(steps), steps)
+
+def make_list(steps, bs=64):
+    "The same model, and the batches pre-collated in a list: no DataLoader, so the loop's own cost shows."
+    model, dl = make(steps, bs)
+    return model, list(dl)
+
+def raw_list(steps): return _raw(*make_list(steps), steps)
 
 def trainer_list(steps):
     from trainer_nb.core import Trainer

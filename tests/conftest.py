@@ -40,6 +40,18 @@ def small_model(d=5, seed=1) -> torch.nn.Module:
     return torch.nn.Sequential(torch.nn.Linear(d, 8), torch.nn.Tanh(), torch.nn.Linear(8, 1))
 
 
+class LoggingModel(torch.nn.Module):
+    "`small_model()` that logs the mean of its output as `out_mean` from its forward, through `log_scalar`."
+    def __init__(self):
+        super().__init__()
+        self.net = small_model()
+    def forward(self, x):
+        from trainer_nb.core import log_scalar
+        out = self.net(x)
+        log_scalar('out_mean', out.mean())
+        return out
+
+
 def flat(model) -> torch.Tensor:
     "All parameters of `model` as one detached vector (a copy)."
     return torch.cat([p.detach().flatten() for p in model.parameters()]).clone()

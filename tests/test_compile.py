@@ -5,20 +5,9 @@ import torch
 import torch.nn.functional as F
 from torch.utils.data import DataLoader
 
-from conftest import flat, regression_ds, small_model
+from conftest import LoggingModel, flat, regression_ds, small_model
 
 pytestmark = pytest.mark.usefixtures('fresh_accelerate')
-
-
-class Logs(torch.nn.Module):
-    def __init__(self):
-        super().__init__()
-        self.net = small_model()
-    def forward(self, x):
-        from trainer_nb.core import log_scalar
-        y = self.net(x)
-        log_scalar('y_mean', y.mean())
-        return y
 
 
 def test_log_scalar_inside_a_compiled_forward_breaks_no_graph():
@@ -30,12 +19,12 @@ def test_log_scalar_inside_a_compiled_forward_breaks_no_graph():
         def before_step(self):
             if not seen:
                 seen['e'] = dynamo.explain(self.trainer.model)(self.trainer.batch[0])
-    t = Trainer(Logs(), DataLoader(regression_ds(), batch_size=8), loss_func=F.mse_loss, hooks=[Explain()],
+    t = Trainer(LoggingModel(), DataLoader(regression_ds(), batch_size=8), loss_func=F.mse_loss, hooks=[Explain()],
                 default_hooks=False)
     t.fit(1)
     e = seen['e']
     assert e.graph_break_count == 0 and e.graph_count == 1, e.break_reasons
-    assert len(t.logged['y_mean'].values) == 6 + 1   # each step, and the explained call
+    assert len(t.logged['out_mean'].values) == 6 + 1   # each step, and the explained call
 
 
 def test_compiled_trainer_checkpoint_resume_and_weights(tmp_path, capsys):

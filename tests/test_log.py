@@ -8,21 +8,9 @@ import torch
 import torch.nn.functional as F
 from torch.utils.data import DataLoader
 
-from conftest import regression_ds, small_model
+from conftest import LoggingModel, regression_ds, small_model
 
 pytestmark = pytest.mark.usefixtures('fresh_accelerate')
-
-
-class Logs(torch.nn.Module):
-    "A model that logs the mean of its output from its forward, through `trainer_nb.core.log`."
-    def __init__(self):
-        super().__init__()
-        self.net = small_model()
-    def forward(self, x):
-        from trainer_nb.core import log_scalar
-        out = self.net(x)
-        log_scalar('out_mean', out.mean())
-        return out
 
 
 def test_log_from_step_model_and_hook_into_history_and_metrics_jsonl(tmp_path):
@@ -40,7 +28,7 @@ def test_log_from_step_model_and_hook_into_history_and_metrics_jsonl(tmp_path):
     class Every(Hook):
         def after_step(self): self.trainer.log('iteration', self.trainer.state.iteration)   # a plain number
     log_scalar('nothing', 1.)   # no fit running: does nothing
-    t = Trainer(Logs(), DataLoader(regression_ds(), batch_size=8), DataLoader(regression_ds(seed=1), batch_size=16),
+    t = Trainer(LoggingModel(), DataLoader(regression_ds(), batch_size=8), DataLoader(regression_ds(seed=1), batch_size=16),
                 train_step=step, eval_step=lambda b, t: {'loss': F.mse_loss(t.model(b[0]), b[1])},
                 hooks=[Recorder(), Every(), MetricsLog(tmp_path)], default_hooks=False, sync_every=4)
     t.fit(2)
