@@ -40,8 +40,6 @@ from torch.utils.data import DataLoader, TensorDataset
 from sklearn.datasets import load_digits, make_moons
 
 from trainer_nb.core import Trainer
-import trainer_nb.lr_find  # noqa: F401  (adds Trainer.lr_find)
-import trainer_nb.schedule  # noqa: F401  (adds Trainer.fit_one_cycle)
 
 SEEDS = (0, 1, 2)
 THREADS = 2   # for training

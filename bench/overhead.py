@@ -169,8 +169,8 @@ def sync_check(steps, device='cuda') -> str:
     from trainer_nb.core import Hook
     from trainer_nb.recorder import Recorder
     class Guard(Hook):
-        order = 1000   # after every other hook's after_step
-        def after_step(self):
+        order = 1000   # after every other hook's after_batch
+        def after_batch(self):
             it = self.trainer.state.iteration
             if it == 1: torch.cuda.set_sync_debug_mode('error')
             elif it == steps - 1: torch.cuda.set_sync_debug_mode('default')   # the epoch's end syncs, once

@@ -47,10 +47,10 @@ def trainer(n, run, hooks=(), **ck):
 
 def killed_run(n, run, at):
     "Train, save after batch `at`, and die there by SIGKILL."
-    from trainer_nb.core import Hook
+    from trainer_nb.base import Hook
     class Kill(Hook):
         order = 100   # after the Checkpoint has saved this step
-        def after_step(self):
+        def after_batch(self):
             if self.trainer.state.iteration == at: os.kill(os.getpid(), signal.SIGKILL)
     t, _ = trainer(n, run, [Kill()], every_steps=at)
     t.fit(1)
@@ -58,9 +58,9 @@ def killed_run(n, run, at):
 
 def resumed_run(n, run, replay):
     "Resume, and time the way to the end of the first trained batch."
-    from trainer_nb.core import Hook, CancelFit
+    from trainer_nb.base import CancelFit, Hook
     class First(Hook):
-        def after_step(self):
+        def after_batch(self):
             self.t = time.perf_counter()
             raise CancelFit()
     first = First()

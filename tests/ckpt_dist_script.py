@@ -18,7 +18,8 @@ import torch.nn.functional as F
 from torch.utils.data import DataLoader, TensorDataset
 
 from trainer_nb.checkpoint import Checkpoint, EarlyStopping, MetricsLog
-from trainer_nb.core import Hook, Trainer
+from trainer_nb.base import Hook
+from trainer_nb.core import Trainer
 
 EPOCHS, BATCH, N_TRAIN, N_VALID = 6, 8, 96, 40   # 96 / (2 x 8): 6 iterations per epoch
 CONFIG = {'data': 'regression-96', 'dropout': 0.3}
@@ -65,7 +66,7 @@ def make_trainer(hooks):
 class Kill(Hook):
     "SIGKILL this process before training iteration `at`."
     def __init__(self, at): self.at = at
-    def before_step(self):
+    def before_batch(self):
         if self.trainer.state.iteration == self.at:
             print(f'KILL rank {self.trainer.accelerator.process_index} at iteration {self.at}', flush=True)
             os.kill(os.getpid(), signal.SIGKILL)

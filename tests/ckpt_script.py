@@ -17,7 +17,8 @@ from safetensors.torch import save_file
 from torch.utils.data import DataLoader, TensorDataset
 
 from trainer_nb.checkpoint import Checkpoint, MetricsLog, read_metrics
-from trainer_nb.core import Hook, Trainer
+from trainer_nb.base import Hook
+from trainer_nb.core import Trainer
 from trainer_nb.recorder import Recorder
 from trainer_nb.schedule import one_cycle
 
@@ -25,7 +26,7 @@ from trainer_nb.schedule import one_cycle
 class Control(Hook):
     "Kills the process, or announces it is running, at a given iteration; sleeps per batch when asked."
     def __init__(self, cfg): self.cfg, self.seen, self.batches_run = cfg, [], 0
-    def before_step(self):
+    def before_batch(self):
         it, c = self.trainer.state.iteration, self.cfg
         if it == c.get('ready_at') or (c.get('ready_first') and not self.batches_run): print('READY', it, flush=True)
         self.batches_run += 1

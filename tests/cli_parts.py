@@ -56,7 +56,7 @@ class Pause(Hook):
     "Print `PAUSED <step>` once `at_step` optimizer steps are done, then sleep `sleep` seconds after every step."
     def __init__(self, at_step: int = 5, sleep: float = 0.2): self.at_step, self.sleep = at_step, sleep
 
-    def after_step(self):
+    def after_batch(self):
         s = self.trainer.state
         if s.step == self.at_step and s.opt_stepped: print(f"PAUSED {s.step}", flush=True)
         if s.step >= self.at_step: time.sleep(self.sleep)

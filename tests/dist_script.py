@@ -38,12 +38,12 @@ def mae(preds, targets): return (preds - targets).abs().mean()
 
 class CountEverywhere(Hook):
     def __init__(self): self.calls = 0
-    def after_step(self): self.calls += 1
+    def after_batch(self): self.calls += 1
 
 
 class CountOnMain(MainProcessHook):
     def __init__(self): self.calls = 0
-    def after_step(self): self.calls += 1
+    def after_batch(self): self.calls += 1
 
 
 def make_trainer(batch_size, hooks=()):

@@ -27,7 +27,7 @@ class Slow(torch.nn.Module):
 
 class Events(Hook):
     def __init__(self): self.seen = []
-    def after_step(self):
+    def after_batch(self):
         if self.trainer.state.iteration == 3: print('READY', flush=True)
     def after_cancel(self): self.seen.append(('after_cancel', type(self.trainer.cancelled).__name__))
     def after_fit(self): self.seen.append(('after_fit', self.trainer.fitting))

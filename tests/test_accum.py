@@ -15,7 +15,7 @@ pytestmark = pytest.mark.usefixtures('fresh_accelerate')
 class Record(Hook):
     "After each batch: was there an optimizer step, and the LR then."
     def __init__(self): self.stepped, self.lrs = [], []
-    def after_step(self):
+    def after_batch(self):
         self.stepped.append(self.trainer.state.opt_stepped)
         self.lrs.append(self.trainer.opt.param_groups[0]['lr'])
 
@@ -157,7 +157,7 @@ def test_second_trainer_keeps_first_accumulation(make_trainer):
 
 def test_fit_after_interrupt_mid_group_counts_steps(make_trainer):
     class StopAt1(Hook):
-        def after_step(self):
+        def after_batch(self):
             if self.trainer.state.iteration == 1: raise KeyboardInterrupt
     t = make_trainer(n=16, bs=4, grad_accum=2, hooks=[StopAt1()])
     with pytest.raises(KeyboardInterrupt): t.fit(1)

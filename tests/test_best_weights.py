@@ -8,7 +8,8 @@ from torch.utils.data import DataLoader
 
 from conftest import regression_ds, small_model
 from trainer_nb.checkpoint import Checkpoint, EarlyStopping, list_checkpoints
-from trainer_nb.core import Hook, Trainer
+from trainer_nb.base import Hook
+from trainer_nb.core import Trainer
 
 pytestmark = [pytest.mark.usefixtures('fresh_accelerate'),
               pytest.mark.filterwarnings('ignore:Resuming with a changed config')]   # (the Crash hook is gone)
@@ -30,7 +31,7 @@ def make(hooks):
 class Crash(Hook):
     "A crash (an error) in the middle of epoch `epoch`."
     def __init__(self, epoch): self.epoch = epoch
-    def after_step(self):
+    def after_batch(self):
         s = self.trainer.state
         if s.epoch == self.epoch and s.batch == 2: raise RuntimeError("crash")
 

@@ -12,7 +12,8 @@ import sys, time
 sys.path.insert(0, {str(REPO)!r})
 import torch, torch.nn as nn, torch.nn.functional as F
 from torch.utils.data import DataLoader, TensorDataset
-from trainer_nb.core import Trainer, Hook, CancelFit
+from trainer_nb.base import Hook, CancelFit
+from trainer_nb.core import Trainer
 from trainer_nb.recorder import Recorder
 from trainer_nb.progress import Progress, detect_mode
 from trainer_nb.liveplot import LivePlot

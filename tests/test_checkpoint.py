@@ -171,7 +171,7 @@ def test_names_are_optimizer_steps_no_duplicates_under_accumulation(tmp_path):
 
 def test_every_seconds_keep_last_and_best(tmp_path):
     from trainer_nb.checkpoint import Checkpoint, list_checkpoints
-    from trainer_nb.core import Hook
+    from trainer_nb.base import Hook
     vals = iter([3., 1., 2., 5.])
     def score(preds, targets): return next(vals)
     ck = Checkpoint(tmp_path, every_seconds=0, keep_last=2, monitor='score', mode='min')
@@ -188,7 +188,7 @@ def test_load_best_at_end(tmp_path):
     def score(preds, targets): return next(vals)
     t = make(tmp_path, [Checkpoint(tmp_path, monitor='score', load_best_at_end=True)], metrics=[score])
     snaps = []
-    from trainer_nb.core import Hook
+    from trainer_nb.base import Hook
     class Snap(Hook):
         order = 99
         def after_epoch(self): snaps.append(flat(self.trainer.model))
@@ -348,7 +348,8 @@ import torch.nn.functional as F
 from torch.utils.data import DataLoader
 from conftest import regression_ds, small_model
 from trainer_nb.checkpoint import Checkpoint
-from trainer_nb.core import Hook, Trainer
+from trainer_nb.base import Hook
+from trainer_nb.core import Trainer
 class Hold(Hook):
     def before_epoch(self): time.sleep(3)   # the lock is held while the others try
 d, go = Path(sys.argv[1]), Path(sys.argv[2])
@@ -385,7 +386,7 @@ def test_stale_lock_one_winner_when_runs_start_at_once(tmp_path):
 
 def test_early_stopping(tmp_path):
     from trainer_nb.checkpoint import EarlyStopping
-    from trainer_nb.core import CancelFit
+    from trainer_nb.base import CancelFit
     from trainer_nb.recorder import Recorder
     vals = iter([1., 2., 2.05, 1.9, 1.8, 3., 3.])
     def acc(preds, targets): return next(vals)
@@ -399,7 +400,7 @@ def test_early_stopping(tmp_path):
 def test_early_stopping_saves_the_last_epoch_resume_trains_nothing(tmp_path):
     "EarlyStopping's CancelFit comes before Checkpoint's after_epoch: the epoch it stops at is saved all the same."
     from trainer_nb.checkpoint import Checkpoint, EarlyStopping, MetricsLog, list_checkpoints
-    from trainer_nb.core import CancelFit, Hook
+    from trainer_nb.base import CancelFit, Hook
     snaps = {}
     class Snap(Hook):
         order = 99
@@ -499,6 +500,31 @@ def test_a_complete_temporary_checkpoint_is_put_in_place(tmp_path):
     assert json.loads((last / 'trainer_state.json').read_text())['position'] == [5, 0]
     assert sorted(p.name for p in tmp_path.iterdir()) == ['config.json', 'step-00000012']
 
+
+@pytest.mark.filterwarnings("ignore:Resuming with a changed config")
+def test_logged_values_in_the_tensor_files_and_resumed_exactly(tmp_path):
+    "What `trainer.log` recorded goes in each process's tensor file, not the JSON, and a mid-epoch resume continues it."
+    from trainer_nb.base import CancelFit, Hook
+    from trainer_nb.checkpoint import Checkpoint, list_checkpoints
+    from trainer_nb.recorder import Recorder
+    class Log(Hook):
+        def after_loss(self): self.trainer.log('half_loss', self.trainer.loss / 2)
+    class Stop(Hook):
+        order = 100
+        def after_batch(self):
+            if self.trainer.state.iteration == 9: raise CancelFit()
+    ref = make(tmp_path, [Log(), Recorder()])
+    ref.fit(2)
+    make(tmp_path, [Log(), Recorder(), Checkpoint(tmp_path / 'run', every_steps=4), Stop()]).fit(2)
+    last = list_checkpoints(tmp_path / 'run')[-1]
+    st = json.loads((last / 'trainer_state.json').read_text())
+    assert last.name == 'step-00000008' and 'logged' not in st and 'losses' not in st
+    saved = load_file(last / 'losses_0.safetensors')
+    assert torch.equal(saved['logged/half_loss/values'], ref.logged['half_loss'].values[:8])
+    t = make(tmp_path, [Log(), Recorder(), Checkpoint(tmp_path / 'run', every_steps=4)])
+    t.fit(2, resume='last')
+    assert torch.equal(t.logged['half_loss'].values, ref.logged['half_loss'].values)
+    assert list(t.history.half_loss) == list(ref.history.half_loss)   # the epochs' means, bitwise
 
 def test_monitor_absent_warns_once(tmp_path):
     from trainer_nb.checkpoint import Checkpoint

@@ -101,10 +101,11 @@ def test_describe(work):
     assert '  optimizer: SGD momentum=0.9' in out and '  fit:       3 epochs, lr 0.05' in out
     head = next(i for i, l in enumerate(out) if l.startswith('event'))
     row = {l.split()[0]: l.split(None, 1)[1] for l in out[head + 1:]}
-    assert list(row) == ['before_fit', 'before_epoch', 'before_step', 'after_pred', 'after_loss', 'after_backward',
-                         'after_step', 'before_valid', 'after_valid', 'after_epoch', 'after_cancel', 'after_fit']
+    assert list(row) == ['before_fit', 'before_epoch', 'before_batch', 'after_pred', 'after_loss', 'after_backward',
+                         'before_step', 'after_step', 'after_batch', 'before_valid', 'after_valid', 'after_epoch',
+                         'after_cancel', 'after_fit']
     assert 'EarlyStopping (82)' in row['after_epoch'] and 'Checkpoint (85)' in row['after_epoch']
-    assert row['before_step'] == '-'
+    assert row['after_pred'] == '-'
     assert not (work / 'work' / 'runs').exists()     # describing writes nothing
 
 

@@ -1,5 +1,6 @@
-"The library's code as the notebooks export it: export cells of one idea, lines that fit, nothing unused."
-import json, subprocess, sys
+"""The library's code as the notebooks export it: export cells of one idea, lines that fit, nothing unused; imports
+that all point down (no cycle, none hidden in a function, no class loaded by name); one definition per method."""
+import ast, json, subprocess, sys
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -16,10 +17,11 @@ def export_cells():
 
 
 def test_export_cells_are_short():
+    "Every export cell holds one idea, in at most 80 lines; the one exception is the Trainer class, read as a whole."
     cells = list(export_cells())
     assert len(cells) > 50   # the notebooks were found
     long = [f"{nb} cell {cid}: {len(src.splitlines())} lines" for nb, cid, src in cells
-            if len(src.splitlines()) > MAX_CELL]
+            if len(src.splitlines()) > MAX_CELL and not (nb == '00_core.ipynb' and '\nclass Trainer:' in src)]
     assert not long, f"export cells over {MAX_CELL} lines (split them by idea):\n" + '\n'.join(long)
 
 
@@ -41,3 +43,87 @@ def test_library_passes_ruff():
              if not (v['code'] == 'E501' and v['location']['row'] in all_block(Path(v['filename'])))]
     assert not found, '\n'.join(f"{Path(v['filename']).name}:{v['location']['row']}: {v['code']} {v['message']}"
                                 for v in found)
+
+
+# ---- the shape of the imports ----
+
+LIB = ROOT / 'trainer_nb'
+LAZY_OK = {'cli'}   # the command line defers the heavy imports, to answer --help fast
+
+
+def lib_imports(path: Path):
+    "`(module imported, line, inside a function?, names)` for each import of a trainer_nb module in `path`."
+    tree = ast.parse(path.read_text())
+    funcs = {id(n) for f in ast.walk(tree) if isinstance(f, (ast.FunctionDef, ast.AsyncFunctionDef))
+             for n in ast.walk(f) if n is not f}
+    for node in ast.walk(tree):
+        if isinstance(node, ast.ImportFrom):
+            if node.level == 1: mod = node.module or ''
+            elif node.module and node.module.split('.')[0] == 'trainer_nb': mod = node.module.partition('.')[2]
+            else: continue
+            names = [a.name for a in node.names]
+            if mod == '': mods = names                       # from . import x
+            else: mods = [mod]
+            for m in mods: yield m.split('.')[0], node.lineno, id(node) in funcs, names
+        elif isinstance(node, ast.Import):
+            for a in node.names:
+                if a.name.split('.')[0] == 'trainer_nb' and '.' in a.name:
+                    yield a.name.split('.')[1], node.lineno, id(node) in funcs, []
+
+
+def modules():
+    return {p.stem: p for p in sorted(LIB.glob('*.py')) if p.stem not in ('_modidx', '__init__', '__main__', 'all')}
+
+
+def test_imports_point_down():
+    "No cycle among the modules, no trainer_nb import inside a function (the CLI aside), no private name imported."
+    mods = modules()
+    graph, inside, private = {}, [], []
+    for name, path in mods.items():
+        graph[name] = set()
+        for m, line, in_func, names in lib_imports(path):
+            if m not in mods: continue
+            graph[name].add(m)
+            if in_func and name not in LAZY_OK: inside.append(f"{name}.py:{line} imports {m} inside a function")
+            private += [f"{name}.py:{line} imports {m}.{n}" for n in names if n.startswith('_')]
+    assert not inside, '\n'.join(inside)
+    assert not private, '\n'.join(private)
+    cycles, state = [], {}
+    def visit(n, path):
+        state[n] = 'open'
+        for m in sorted(graph[n]):
+            if state.get(m) == 'open': cycles.append(' -> '.join(path[path.index(m):] + [m]))
+            elif m not in state: visit(m, path + [m])
+        state[n] = 'done'
+    for n in sorted(graph):
+        if n not in state: visit(n, [n])
+    assert not cycles, 'import cycles:\n' + '\n'.join(cycles)
+    assert graph['base'] == set(), graph['base']                           # the ground floor imports nothing of ours
+    above = {'core', 'registry', 'cli', 'launch'}
+    low = [f"{n} imports {sorted(graph[n] & above)}" for n in graph if n not in above and graph[n] & above]
+    assert not low, 'a feature module imports core or what sits above it:\n' + '\n'.join(low)
+
+
+def test_no_class_loaded_by_name():
+    "No importlib / __import__ on our own modules: classes are imported, not named in strings (registry imports the user's modules that a config names)."
+    found = []
+    for name, path in modules().items():
+        if name == 'registry': continue
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.Call):
+                f = node.func
+                fname = f.attr if isinstance(f, ast.Attribute) else getattr(f, 'id', '')
+                if fname in ('import_module', '__import__'): found.append(f"{name}.py:{node.lineno}")
+            if isinstance(node, ast.Constant) and isinstance(node.value, str) and node.value.startswith('trainer_nb.') \
+                    and ':' in node.value:
+                found.append(f"{name}.py:{node.lineno} names {node.value!r}")
+    assert not found, '\n'.join(found)
+
+
+def test_trainer_methods_defined_once():
+    "None of the loop's methods is defined in more than one class of the Trainer's MRO (no override chains)."
+    from trainer_nb.core import Trainer
+    for m in ('fit', 'state_dict', 'load_state_dict', 'describe_hooks', 'evaluate', 'backward', 'optimizer_step',
+              'zero_grad', 'log', 'temporary'):
+        owners = [c.__name__ for c in Trainer.__mro__ if m in vars(c)]
+        assert len(owners) == 1, f"Trainer.{m} is defined in {owners}"

@@ -16,7 +16,7 @@ def test_log_scalar_inside_a_compiled_forward_breaks_no_graph():
     seen = {}
     class Explain(Hook):
         "Explain the model's forward while the trainer is training (log_scalar then records)."
-        def before_step(self):
+        def before_batch(self):
             if not seen:
                 seen['e'] = dynamo.explain(self.trainer.model)(self.trainer.batch[0])
     t = Trainer(LoggingModel(), DataLoader(regression_ds(), batch_size=8), loss_func=F.mse_loss, hooks=[Explain()],

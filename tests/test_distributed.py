@@ -116,8 +116,8 @@ def test_main_process_hook_runs_on_main_only(run):
     assert (r0['calls_everywhere'], r1['calls_everywhere']) == (n, n)
     assert (r0['calls_on_main'], r1['calls_on_main']) == (n, 0)
     col = 'hooks (order)'
-    assert r0['describe'][col]['after_step'] == 'CountEverywhere (0), CountOnMain (0)'
-    assert r1['describe'][col]['after_step'] == 'CountEverywhere (0), CountOnMain (0) [main process only]'
+    assert r0['describe'][col]['after_batch'] == 'CountEverywhere (0), CountOnMain (0)'
+    assert r1['describe'][col]['after_batch'] == 'CountEverywhere (0), CountOnMain (0) [main process only]'
     assert r1['describe'][col]['after_epoch'] == 'PrintMetrics (90) [main process only]'
 
 

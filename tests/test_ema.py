@@ -1,5 +1,8 @@
 """The EMA hook: the average a hand-written loop makes, every N steps, no warm-up, on the CPU; resumed from a
-checkpoint exactly; weights put back when validation fails; what it refuses."""
+checkpoint exactly, its tensors out of the checkpoint's JSON; weights put back when validation fails; what it
+refuses."""
+import json
+
 import pytest
 import torch
 import torch.nn.functional as F
@@ -94,3 +97,31 @@ def test_refusals():
     Trainer(torch.nn.Linear(5, 1), DataLoader(regression_ds(), batch_size=8), loss_func=F.mse_loss,
             hooks=[other], default_hooks=False)
     with pytest.raises(ValueError, match='does not fit this model'): other.before_fit()
+
+
+def test_a_large_average_stays_out_of_the_json(tmp_path):
+    "An EMA of a 10M-parameter model: its checkpoint's JSON files stay under 100 kB; the average resumes bitwise."
+    from trainer_nb.checkpoint import Checkpoint, list_checkpoints
+    from trainer_nb.core import Trainer
+    from trainer_nb.hooks import EMA
+    def make(d):
+        torch.manual_seed(0)
+        model = torch.nn.Sequential(torch.nn.Linear(5, 2500), torch.nn.Tanh(), torch.nn.Linear(2500, 4000),
+                                    torch.nn.Tanh(), torch.nn.Linear(4000, 1))
+        ema = EMA(decay=0.9)
+        return Trainer(model, DataLoader(regression_ds(16), batch_size=8), loss_func=F.mse_loss,
+                       opt_func=torch.optim.SGD, hooks=[ema, Checkpoint(d, keep_last=1, monitor=None)],
+                       default_hooks=False), ema
+    t, ema = make(tmp_path)
+    assert sum(p.numel() for p in t.model.parameters()) >= 10_000_000
+    t.fit(1)
+    last = list_checkpoints(tmp_path)[-1]
+    sizes = {p.name: p.stat().st_size for p in last.glob('*.json')}
+    assert {'trainer_state.json', 'manifest.json', 'rng_0.json'} <= set(sizes) and sum(sizes.values()) < 100_000, sizes
+    assert (last / 'trainer_state.safetensors').stat().st_size > 4 * 10_000_000   # the average, float32
+    st = json.loads((last / 'trainer_state.json').read_text())
+    assert st['hooks']['EMA']['shadow'][0] == {'__tensor__': 'hooks/EMA/shadow/0'} and 'logged' not in st
+    t2, ema2 = make(tmp_path)
+    t2.fit(1, resume=last)   # (nothing left to train)
+    assert ema2.n_updates == ema.n_updates == 2
+    assert all(torch.equal(a, b) for a, b in zip(ema2.shadow, ema.shadow))

@@ -138,7 +138,7 @@ def test_nan_loss_names_its_batch_after_a_shortened_epoch():
     "Epoch 0 ends after 2 batches (CancelEpoch): the NaN of epoch 1's batch 3 is iteration 5, not epoch 0's batch 5."
     from trainer_nb.core import CancelEpoch
     class ShortFirstEpoch(Hook):
-        def before_step(self):
+        def before_batch(self):
             if self.trainer.state.epoch == 0 and self.trainer.state.batch == 2: raise CancelEpoch()
     t = Trainer(small_model(), DataLoader(regression_ds(24), batch_size=4), loss_func=F.mse_loss,
                 hooks=[ShortFirstEpoch()], default_hooks=False)

@@ -16,7 +16,7 @@ needs_cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason='needs a C
 class Watch(Hook):
     "Per batch: did the optimizer step, did the scaler skip it; per epoch: the training loss."
     def __init__(self): self.stepped, self.skipped, self.epoch_losses = [], [], []
-    def after_step(self):
+    def after_batch(self):
         t = self.trainer
         self.stepped.append(t.state.opt_stepped)
         self.skipped.append(t.accelerator.sync_gradients and bool(getattr(t.opt, 'step_was_skipped', False)))

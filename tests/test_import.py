@@ -47,7 +47,8 @@ import io, contextlib, json, sys, torch, torch.nn.functional as F
 from torch.utils.data import DataLoader, TensorDataset
 from trainer_nb.core import Trainer
 api = ['fit', 'fit_one_cycle', 'fit_cosine', 'fit_constant', 'lr_find', 'history', 'evaluate', 'predict',
-       'describe_hooks', 'get_hook', 'state_dict', 'load_state_dict', 'temporary', 'resume_epoch']
+       'describe_hooks', 'get_hook', 'state_dict', 'load_state_dict', 'temporary', 'split', 'freeze', 'unfreeze',
+       'fine_tune', 'summary', 'find_batch_size', 'log', 'step', 'backward']
 buf = io.StringIO()
 with contextlib.redirect_stdout(buf): help(Trainer)
 x = torch.randn(64, 2)

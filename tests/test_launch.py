@@ -21,7 +21,8 @@ import os, sys, time
 sys.path.insert(0, {str(REPO)!r})
 import torch, torch.nn as nn, torch.nn.functional as F
 from torch.utils.data import DataLoader, TensorDataset
-from trainer_nb.core import Trainer, Hook
+from trainer_nb.base import Hook
+from trainer_nb.core import Trainer
 from trainer_nb.recorder import Recorder
 from trainer_nb.progress import Progress
 from trainer_nb.liveplot import LivePlot

@@ -26,7 +26,7 @@ def test_log_from_step_model_and_hook_into_history_and_metrics_jsonl(tmp_path):
         t.log('x_abs', x.abs().mean())
         return {'loss': F.mse_loss(out, y)}
     class Every(Hook):
-        def after_step(self): self.trainer.log('iteration', self.trainer.state.iteration)   # a plain number
+        def after_batch(self): self.trainer.log('iteration', self.trainer.state.iteration)   # a plain number
     log_scalar('nothing', 1.)   # no fit running: does nothing
     t = Trainer(LoggingModel(), DataLoader(regression_ds(), batch_size=8), DataLoader(regression_ds(seed=1), batch_size=16),
                 train_step=step, eval_step=lambda b, t: {'loss': F.mse_loss(t.model(b[0]), b[1])},
@@ -36,7 +36,7 @@ def test_log_from_step_model_and_hook_into_history_and_metrics_jsonl(tmp_path):
     assert list(h.columns) == ['epoch', 'train_loss', 'valid_loss', 'iteration', 'out_mean', 'x_abs', 'time']
     for k in ('out_mean', 'x_abs'):
         assert h[k].tolist() == pytest.approx([sum(seen[k][:6]) / 6, sum(seen[k][6:]) / 6], rel=1e-6), k
-    assert h['iteration'].tolist() == [3.5, 9.5]   # means of 1..6 and 7..12 (after_step sees the counter advanced)
+    assert h['iteration'].tolist() == [3.5, 9.5]   # means of 1..6 and 7..12 (after_batch sees the counter advanced)
     assert len(t.logged['out_mean'].values) == 12 and 'nothing' not in t.logged
     m = read_metrics(tmp_path)
     ep = m[m.kind == 'epoch']
@@ -57,8 +57,8 @@ def test_logged_values_round_trip_and_resume_means():
     a.fit(1)
     b = mk()
     sd = a.state_dict()
-    sd.pop('losses')   # (tensors: a checkpoint keeps them in a file of their own)
-    b.load_state_dict(json.loads(json.dumps(sd)))
+    tensors = {k: sd.pop(k) for k in ('losses', 'logged')}   # (a checkpoint keeps tensors in files of their own)
+    b.load_state_dict({**json.loads(json.dumps(sd)), **tensors})
     assert torch.equal(b.logged['double'].values, a.logged['double'].values)
     assert a.epoch_results['double'] == pytest.approx(2 * a.epoch_results['train_loss'], rel=1e-6)
     b.fit(1)   # the next epoch's mean counts only its own values
@@ -75,5 +75,5 @@ def test_log_refusals_and_non_finite_values():
     with pytest.raises(TypeError, match='non-empty str'): t.log('', 1.)
     t.log('x', math.nan)
     t.log('x', torch.tensor(3.))
-    assert t._logged_means() == {'x': 3.}   # non-finite values left out
-    assert math.isnan(t._logged_means()['x'])   # nothing new since
+    assert t.logged.epoch_means(t.accelerator) == {'x': 3.}   # non-finite values left out
+    assert math.isnan(t.logged.epoch_means(t.accelerator)['x'])   # nothing new since

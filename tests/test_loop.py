@@ -11,12 +11,12 @@ import pytest
 import torch
 
 from conftest import REPO, flat
-from trainer_nb.core import (EVENTS, CancelEpoch, CancelFit, CancelStep, Hook, MainProcessHook, PrintMetrics,
+from trainer_nb.core import (EVENTS, CancelEpoch, CancelFit, CancelBatch, Hook, MainProcessHook, PrintMetrics,
                              Trainer)
 
 pytestmark = pytest.mark.usefixtures('fresh_accelerate')
 
-BATCH_EVENTS = ['before_step', 'after_pred', 'after_loss', 'after_backward', 'after_step']
+BATCH_EVENTS = ['before_batch', 'after_pred', 'after_loss', 'after_backward', 'before_step', 'after_step', 'after_batch']
 
 
 class Recorder(Hook):
@@ -62,7 +62,7 @@ def test_every_listed_event_is_called(make_trainer):
     assert rec.log == ['before_fit', *epoch * 2, 'after_fit']
     fired = set(rec.log)
     rec.log.clear()
-    t.add_hooks(RaiseAt('after_step', CancelFit))
+    t.add_hooks(RaiseAt('after_batch', CancelFit))
     t.fit(1)
     assert rec.log == ['before_fit', 'before_epoch', *BATCH_EVENTS, 'after_cancel', 'after_fit']
     assert fired | set(rec.log) == set(t.describe_hooks().index) == set(EVENTS)
@@ -81,7 +81,7 @@ def test_train_step_path_fires_batch_events(make_trainer):
 
 def test_cancel_fit_returns_normally(make_trainer):
     rec = Recorder(order=1)
-    stop = RaiseAt('after_step', CancelFit, when=lambda s: s.iteration == 2)
+    stop = RaiseAt('after_batch', CancelFit, when=lambda s: s.iteration == 2)
     t = make_trainer(n=40, bs=4, valid=8, hooks=[stop, rec])
     t.fit(3)                                             # no exception
     assert isinstance(t.cancelled, CancelFit)
@@ -94,16 +94,16 @@ def test_cancel_fit_returns_normally(make_trainer):
     assert t.cancelled is None and t.state.epoch == 1 and t.state.iteration == 12
 
 
-@pytest.mark.parametrize('event', ['before_step', 'after_loss', 'after_backward'])
+@pytest.mark.parametrize('event', ['before_batch', 'after_loss', 'after_backward'])
 def test_cancel_step_skips_optimizer_step(make_trainer, event):
-    "CancelStep on batch 1: that batch leaves the weights as they were; the others change them."
+    "CancelBatch on batch 1: that batch leaves the weights as they were; the others change them."
     class Weights(Hook):
         order = 10
         def __init__(self): self.after, self.stepped = [], []
-        def after_step(self):
+        def after_batch(self):
             self.after.append(flat(self.trainer.model)); self.stepped.append(self.trainer.state.opt_stepped)
     w = Weights()
-    t = make_trainer(n=16, bs=4, hooks=[RaiseAt(event, CancelStep, when=lambda s: s.batch == 1), w],
+    t = make_trainer(n=16, bs=4, hooks=[RaiseAt(event, CancelBatch, when=lambda s: s.batch == 1), w],
                      opt_func=torch.optim.SGD, lr=0.1)
     before = [flat(t.model)]
     t.fit(1)
@@ -118,7 +118,7 @@ def test_cancel_step_discards_its_gradients(make_trainer):
     "The next batch after a cancelled backward steps with its own gradient only."
     import torch.nn.functional as F
     from conftest import regression_ds, small_model
-    t = make_trainer(n=8, bs=4, hooks=[RaiseAt('after_backward', CancelStep, when=lambda s: s.batch == 0)],
+    t = make_trainer(n=8, bs=4, hooks=[RaiseAt('after_backward', CancelBatch, when=lambda s: s.batch == 0)],
                      opt_func=torch.optim.SGD, lr=0.1)
     t.fit(1)
     ref = small_model(); opt = torch.optim.SGD(ref.parameters(), lr=0.1)
@@ -129,7 +129,7 @@ def test_cancel_step_discards_its_gradients(make_trainer):
 
 def test_cancel_epoch_still_validates(make_trainer):
     rec = Recorder(order=1)
-    t = make_trainer(n=20, bs=4, valid=8, hooks=[RaiseAt('before_step', CancelEpoch, when=lambda s: s.batch == 2), rec])
+    t = make_trainer(n=20, bs=4, valid=8, hooks=[RaiseAt('before_batch', CancelEpoch, when=lambda s: s.batch == 2), rec])
     t.fit(2)
     epoch = ['before_epoch', *BATCH_EVENTS * 2, 'before_valid', 'after_valid', 'after_epoch']
     assert rec.log == ['before_fit', *epoch * 2, 'after_fit']
@@ -155,20 +155,21 @@ def _raise_point(event):
 def _expected(event, exc):
     "(log of the Recorder that runs after the raising hook, batches trained, outcome) as the table documents them."
     prefix = RUN[:_raise_point(event)]
-    done = prefix.count('after_step') + (event == 'after_step')    # batches finished before the raise
-    allowed = {CancelStep: BATCH_EVENTS, CancelFit: [e for e in EVENTS if e not in ('after_cancel', 'after_fit')],
+    # batches counted before the raise (a batch counts before its step: at before_step, after_step, after_batch)
+    done = prefix.count('after_batch') + (event in ('before_step', 'after_step', 'after_batch'))
+    allowed = {CancelBatch: BATCH_EVENTS, CancelFit: [e for e in EVENTS if e not in ('after_cancel', 'after_fit')],
                CancelEpoch: [e for e in EVENTS if e not in ('before_fit', 'after_cancel', 'after_fit')]}[exc]
     if event not in allowed: return prefix + ['after_cancel', 'after_fit'], done, 'error'
     if exc is CancelFit: return prefix + ['after_cancel', 'after_fit'], done, 'stopped'
-    if exc is CancelStep:   # the rest of batch 1 is dropped (after_step still runs), the fit goes on
-        rest = (['after_step'] if event != 'after_step' else []) + BATCH_EVENTS + V + ['after_epoch']
+    if exc is CancelBatch:   # the rest of batch 1 is dropped (after_batch still runs), the fit goes on
+        rest = (['after_batch'] if event != 'after_batch' else []) + BATCH_EVENTS + V + ['after_epoch']
         return prefix + rest + FULL_EPOCH + ['after_fit'], 6, None
     rest = {'before_valid': ['after_epoch'], 'after_valid': ['after_epoch'], 'after_epoch': []}.get(
         event, V + ['after_epoch'])        # before_epoch and batch events: the epoch's training ends
     return prefix + rest + FULL_EPOCH + ['after_fit'], done + 3, None
 
 
-@pytest.mark.parametrize('exc', [CancelStep, CancelEpoch, CancelFit])
+@pytest.mark.parametrize('exc', [CancelBatch, CancelEpoch, CancelFit])
 @pytest.mark.parametrize('event', [e for e in EVENTS if e not in ('after_cancel', 'after_fit')])
 def test_cancel_at_every_event(make_trainer, event, exc):
     "Each (event, exception) pair does what the table says; none escapes fit bare; the trainer stays usable."
@@ -195,12 +196,12 @@ def test_cancel_at_every_event(make_trainer, event, exc):
     assert t.state.iteration == batches + 3 and t.cancelled is None
 
 
-@pytest.mark.parametrize('exc', [CancelStep, CancelEpoch, CancelFit])
+@pytest.mark.parametrize('exc', [CancelBatch, CancelEpoch, CancelFit])
 @pytest.mark.parametrize('event', ['after_cancel', 'after_fit'])
 def test_cancel_in_cleanup_events_is_an_error(make_trainer, event, exc):
     "The fit is already stopping: any cancel exception there is an error, and the other hooks of the event still run."
     rec = Recorder(order=1)
-    stop = RaiseAt('after_step', CancelFit, order=-1)     # so that after_cancel runs
+    stop = RaiseAt('after_batch', CancelFit, order=-1)     # so that after_cancel runs
     t = make_trainer(n=8, bs=4, hooks=[stop, RaiseAt(event, exc), rec])
     with pytest.raises(RuntimeError, match=rf"^{exc.__name__} raised by hook RaiseAt at event '{event}'.*"
                                            "the fit is already stopping"):
@@ -209,7 +210,7 @@ def test_cancel_in_cleanup_events_is_an_error(make_trainer, event, exc):
     assert not t.fitting
 
 
-@pytest.mark.parametrize('k,event', [(1, 'after_backward'), (2, 'before_step'), (2, 'after_backward')])
+@pytest.mark.parametrize('k,event', [(1, 'after_backward'), (2, 'before_batch'), (2, 'after_backward')])
 def test_cancel_epoch_drops_unfinished_gradients(make_trainer, k, event):
     "CancelEpoch in batch 1 of epoch 0: its gradients (and its unfinished group's) never reach a later step."
     import torch.nn.functional as F
@@ -234,7 +235,7 @@ def test_cancel_epoch_drops_unfinished_gradients(make_trainer, k, event):
 def test_cleanup_event_runs_every_hook_then_raises_the_first_error(make_trainer, event):
     rec = Recorder(order=1)
     first, later = RaiseAt(event, ValueError('first'), order=0), RaiseAt(event, TypeError('later'), order=2)
-    stop = RaiseAt('after_step', CancelFit, order=-1)
+    stop = RaiseAt('after_batch', CancelFit, order=-1)
     t = make_trainer(n=8, bs=4, hooks=[stop, first, rec, later])
     with pytest.raises(ValueError) as info:
         t.fit(1)
@@ -252,10 +253,10 @@ def test_cleanup_event_runs_every_hook_then_raises_the_first_error(make_trainer,
 
 def test_keyboard_interrupt_in_hook(make_trainer):
     rec = Recorder(order=1)
-    t = make_trainer(n=40, bs=4, valid=8, hooks=[RaiseAt('after_step', KeyboardInterrupt, when=lambda s: s.iteration == 3), rec])
+    t = make_trainer(n=40, bs=4, valid=8, hooks=[RaiseAt('after_batch', KeyboardInterrupt, when=lambda s: s.iteration == 3), rec])
     with pytest.raises(KeyboardInterrupt) as info:
         t.fit(2)
-    assert any('RaiseAt' in n and 'after_step' in n for n in info.value.__notes__)
+    assert any('RaiseAt' in n and 'after_batch' in n for n in info.value.__notes__)
     assert rec.log[-2:] == ['after_cancel', 'after_fit']
     assert isinstance(t.cancelled, KeyboardInterrupt)
     assert not t.fitting and t.loss is None and t.preds is None
@@ -318,11 +319,11 @@ def test_error_in_after_fit_propagates(make_trainer):
 
 def test_error_from_instance_attribute_handler(make_trainer):
     h = Hook()
-    h.after_step = lambda: 1 / 0
+    h.after_batch = lambda: 1 / 0
     t = make_trainer(n=8, bs=4, hooks=[h])
     with pytest.raises(ZeroDivisionError) as info:
         t.fit(1)
-    assert any("'after_step'" in n for n in info.value.__notes__)
+    assert any("'after_batch'" in n for n in info.value.__notes__)
 
 
 # ---- describe_hooks ----
@@ -331,17 +332,17 @@ def test_describe_hooks_table(make_trainer):
     class Early(Hook):
         order = -5
         def before_fit(self): pass
-        def after_step(self): pass
+        def after_batch(self): pass
     class Late(MainProcessHook):
         order = 50
-        def after_step(self): pass
+        def after_batch(self): pass
         def after_epoch(self): pass
     t = make_trainer(hooks=[Late(), Early(), PrintMetrics()])
     df = t.describe_hooks()
     assert list(df.index) == list(EVENTS)
     col = df.columns[0]
     assert df.loc['before_fit', col] == 'Early (-5)'
-    assert df.loc['after_step', col] == 'Early (-5), Late (50)'
+    assert df.loc['after_batch', col] == 'Early (-5), Late (50)'
     assert df.loc['after_epoch', col] == 'Late (50), PrintMetrics (90)'
     assert df.loc['before_valid', col] == '-'
     assert 'main process only' not in df.to_string()          # single process: everything runs
@@ -349,17 +350,17 @@ def test_describe_hooks_table(make_trainer):
 
 def test_misspelled_event_flagged_and_warned(make_trainer):
     class Typo(Hook):
-        def after_stpe(self): pass
+        def after_bacth(self): pass
         def before_zzzzzz(self): pass
     t = make_trainer(hooks=[Typo()])
     df = t.describe_hooks()
-    assert df.loc['after_stpe (not an event!)'].iloc[0] == 'Typo (0)'
+    assert df.loc['after_bacth (not an event!)'].iloc[0] == 'Typo (0)'
     assert df.loc['before_zzzzzz (not an event!)'].iloc[0] == 'Typo (0)'
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter('always')
         t.fit(1)
     msgs = [str(w.message) for w in caught if issubclass(w.category, UserWarning)]
-    assert any("'after_stpe'" in m and "never run" in m and "did you mean 'after_step'?" in m for m in msgs), msgs
+    assert any("'after_bacth'" in m and "never run" in m and "did you mean 'after_batch'?" in m for m in msgs), msgs
     assert any("'before_zzzzzz'" in m and "never run" in m for m in msgs), msgs
 
 
@@ -375,7 +376,7 @@ def test_default_hooks_are_recorder_progress_liveplot(make_trainer):
 def test_main_process_hook_runs_in_single_process(make_trainer):
     class Count(MainProcessHook):
         def __init__(self): self.n = 0
-        def after_step(self): self.n += 1
+        def after_batch(self): self.n += 1
     c = Count()
     t = make_trainer(n=24, bs=8, hooks=[c])
     assert t.is_main_process
@@ -429,10 +430,10 @@ def test_counters_and_loss_log(make_trainer):
     assert t.epoch_results['train_loss'] == pytest.approx(sum(h.seen[7:]) / 7, rel=1e-5)
 
 
-@pytest.mark.parametrize('event', ['before_step', 'after_pred', 'after_loss', 'after_backward'])
+@pytest.mark.parametrize('event', ['before_batch', 'after_pred', 'after_loss', 'after_backward'])
 def test_loss_log_keeps_a_place_for_cancelled_batches(make_trainer, event):
     "trainer.losses stays indexed by iteration: a batch cancelled before its loss holds a NaN, and no error follows."
-    t = make_trainer(n=40, bs=4, hooks=[RaiseAt(event, CancelStep, when=lambda s: s.iteration == 2)])
+    t = make_trainer(n=40, bs=4, hooks=[RaiseAt(event, CancelBatch, when=lambda s: s.iteration == 2)])
     t.fit(1)
     vals = t.losses.values
     assert len(vals) == t.state.iteration == 10
@@ -444,7 +445,7 @@ def test_loss_log_keeps_a_place_for_cancelled_batches(make_trainer, event):
 
 @pytest.mark.parametrize('exc', [CancelFit, KeyboardInterrupt])
 def test_loss_log_kept_when_fit_stops(make_trainer, exc):
-    t = make_trainer(n=40, bs=4, hooks=[RaiseAt('after_step', exc, when=lambda s: s.iteration == 3)])
+    t = make_trainer(n=40, bs=4, hooks=[RaiseAt('after_batch', exc, when=lambda s: s.iteration == 3)])
     try: t.fit(1)
     except KeyboardInterrupt: pass
     assert len(t.losses.values) == t.state.iteration == 3

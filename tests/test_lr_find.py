@@ -11,7 +11,8 @@ import torch.nn.functional as F
 from torch import nn
 from torch.utils.data import DataLoader, TensorDataset
 
-from trainer_nb.core import Trainer, Hook, LossLog
+from trainer_nb.base import Hook, LossLog
+from trainer_nb.core import Trainer
 from trainer_nb.lr_find import (LRFindResult, LRFindWarning, MIN_POINTS, read_sweep, suggest, suggest_sweep,
                                 suggest_valley, suggest_steep, suggest_minimum, suggest_slide)
 
@@ -41,6 +42,14 @@ def make(loss_func=F.cross_entropy, opt_func=torch.optim.AdamW, dl_generator=Fal
                     generator=torch.Generator().manual_seed(3) if dl_generator else None)
     return Trainer(model, dl, DataLoader(data(64, 1), batch_size=64), loss_func=loss_func, opt_func=opt_func,
                    hooks=[Counter()], default_hooks=False, cpu=True, **kw)
+
+
+def note_step_lrs(t, seen, groups=False):
+    """Note in `seen` the LR of each optimizer step, as the step reads it (the sweep sets it in `before_step`, just
+    before the step, and hides the trainer's hooks: a hook on the torch optimizer sees it all the same)."""
+    def note(opt, args, kwargs):
+        seen.append([g['lr'] for g in opt.param_groups] if groups else opt.param_groups[0]['lr'])
+    return t.opt.optimizer.register_step_pre_hook(note)
 
 
 def seed_all(s=1):
@@ -141,11 +150,11 @@ def test_scheduler_is_off_during_the_sweep_and_restored():
     t = make(scheduler=sched); seed_all()
     t.fit(1)
     s0, sd0 = t.scheduler, t.scheduler.state_dict()
-    t.loss_func = lambda p, y: (seen.append(t.opt.param_groups[0]['lr']), F.cross_entropy(p, y))[1]
+    noting = note_step_lrs(t, seen)
     res = t.lr_find(show=False, num_it=20)
     assert seen == res.lrs                                   # the finder's LRs, not the one-cycle's
     assert t.scheduler is s0 and t.scheduler.state_dict() == sd0
-    t.loss_func = F.cross_entropy
+    noting.remove()
     t.fit(1)
     ref = make(scheduler=sched); seed_all(); ref.fit(1); ref.fit(1)
     assert same(weights(t), weights(ref))
@@ -251,7 +260,7 @@ def test_param_groups_keep_their_ratio():
         return torch.optim.SGD([{'params': model[0].parameters(), 'lr': 1e-2},
                                 {'params': model[3].parameters(), 'lr': 1e-3}], lr=1e-2)
     t = make(opt_func=two_groups)
-    t.loss_func = lambda p, y: (seen.append([g['lr'] for g in t.opt.param_groups]), F.cross_entropy(p, y))[1]
+    note_step_lrs(t, seen, groups=True)
     res = t.lr_find(show=False, num_it=20)
     assert len(seen) == len(res.lrs)
     assert all(math.isclose(a / b, 10) for a, b in seen)
@@ -473,21 +482,22 @@ print('VALLEY', repr(res.valley))
 def test_bf16_and_grad_accumulation(tmp_path):
     "One LR per optimizer step (2 batches each), under bf16 autocast, and the restore is exact."
     run_script(SETUP + """
-seen = []
+seen, batches = [], []
 t = make(mixed_precision='bf16', grad_accum=2)
 def loss_func(p, y):
-    seen.append(t.opt.param_groups[0]['lr'])
+    batches.append(1)
     return F.cross_entropy(p, y)
 t.loss_func = loss_func
+t.opt.optimizer.register_step_pre_hook(lambda opt, args, kwargs: seen.append(opt.param_groups[0]['lr']))
 dtypes = []
 t.unwrapped_model[0].register_forward_hook(lambda m, i, o: dtypes.append(o.dtype))
 torch.manual_seed(1); t.fit(1); w0 = weights(t); torch.manual_seed(2)
 res = t.lr_find(num_it=30, show=False)
 n = len(res.lrs)
-assert len(seen) == 16 + 2 * n, (len(seen), n)
-sweep = seen[16:]
-assert sweep[::2] == sweep[1::2] == res.lrs
-assert len(dtypes) == len(seen) and all(d == torch.bfloat16 for d in dtypes)   # autocast is on
+assert len(batches) == 16 + 2 * n and len(seen) == 8 + n, (len(batches), len(seen), n)   # 2 batches a step
+sweep = seen[8:]
+assert sweep == res.lrs
+assert len(dtypes) == len(batches) and all(d == torch.bfloat16 for d in dtypes)   # autocast is on
 assert all(torch.equal(a, b) for a, b in zip(weights(t), w0))
 assert t.accelerator.step == 0 and t.state.iteration == 16 and t.state.step == 8
 t.fit(1)

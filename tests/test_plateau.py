@@ -49,7 +49,7 @@ def test_every_group_drops_keeping_its_ratio():
 
 
 class Crash(Hook):
-    def after_step(self):
+    def after_batch(self):
         s = self.trainer.state
         if s.epoch == 5 and s.batch == 3: raise RuntimeError("crash")
 

@@ -12,13 +12,14 @@ SCRIPT = """\
 import sys, torch, torch.nn as nn, torch.nn.functional as F
 sys.path.insert(0, {repo!r})
 from torch.utils.data import DataLoader, TensorDataset
-from trainer_nb.core import Trainer, Hook
+from trainer_nb.base import Hook
+from trainer_nb.core import Trainer
 from trainer_nb.recorder import Recorder
 from trainer_nb.progress import Progress, detect_mode
 from trainer_nb.liveplot import LivePlot
 
 class Interrupt(Hook):
-    def after_step(self):
+    def after_batch(self):
         if self.trainer.state.iteration == {stop_at}: raise KeyboardInterrupt
 
 torch.manual_seed(0)
@@ -68,11 +69,12 @@ def test_terminal_keyboard_interrupt_closes_cleanly(tmp_path):
 # ---- in this process, with the real clock ----
 
 def sleepy_trainer(hooks, n_batches=40, sleep=0.012, epochs=2):
-    "A fit of about `epochs * n_batches * sleep` seconds (a hook sleeps at each step)."
-    from trainer_nb.core import Trainer, Hook
+    "A fit of about `epochs * n_batches * sleep` seconds (a hook sleeps at each batch)."
+    from trainer_nb.base import Hook
+    from trainer_nb.core import Trainer
     from trainer_nb.recorder import Recorder
     class Sleep(Hook):
-        def after_step(self): time.sleep(sleep)
+        def after_batch(self): time.sleep(sleep)
     torch.manual_seed(0)
     x = torch.randn(n_batches * 8, 4); y = x @ torch.tensor([[1.], [-2.], [3.], [.5]])
     dl = DataLoader(TensorDataset(x, y), batch_size=8)
@@ -81,17 +83,17 @@ def sleepy_trainer(hooks, n_batches=40, sleep=0.012, epochs=2):
 
 def test_default_throttles_are_honoured():
     "Default `every`: 0.5 s for the plot, 0.3 s for the dashboard, over a fit of about 2 s timed by the real clock."
-    from trainer_nb.core import Hook
+    from trainer_nb.base import Hook
     from trainer_nb.progress import Progress
     from trainer_nb.liveplot import LivePlot
     prog, plot = Progress(mode='widget'), LivePlot(mode='widget')
     assert (prog.every, plot.every) == (0.3, 0.5)
     plot_times, prog_times = [], []
     class Watch(Hook):
-        "Notes when each redraw of the plot and of the dashboard made during the steps finished."
+        "Notes when each redraw of the plot and of the dashboard made during the batches finished."
         order = 40
         def before_fit(self): self.n = self.m = 0
-        def after_step(self):
+        def after_batch(self):
             if plot.n_draws > self.n: plot_times.append(time.perf_counter()); self.n = plot.n_draws
             if prog.n_draws > self.m: prog_times.append(time.perf_counter()); self.m = prog.n_draws
     tr = sleepy_trainer([prog, plot, Watch()], n_batches=80)
@@ -107,13 +109,13 @@ def test_default_throttles_are_honoured():
     assert len(prog_times) >= 3, prog_times
 
 def test_dashboard_shows_an_eta():
-    from trainer_nb.core import Hook
+    from trainer_nb.base import Hook
     from trainer_nb.progress import Progress
     prog = Progress(mode='widget', every=0.1)
     seen = {}
     class Look(Hook):
         order = 40
-        def after_step(self):
+        def after_batch(self):
             if self.trainer.state.iteration == 60:   # a quarter of the fit: 2 epochs of 120 batches
                 seen.update(epoch=prog.w_epoch_txt.value, batch=prog.w_batch_txt.value, t=time.perf_counter())
     tr = sleepy_trainer([prog, Look()], n_batches=120, sleep=0.008)

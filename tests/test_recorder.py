@@ -5,7 +5,8 @@ import numpy as np, pytest, torch
 import torch.nn.functional as F
 from torch import nn
 from torch.utils.data import DataLoader, TensorDataset
-from trainer_nb.core import CancelFit, Hook, Trainer
+from trainer_nb.base import CancelBatch, CancelFit, Hook
+from trainer_nb.core import Trainer
 from trainer_nb.recorder import Binned, Recorder
 from trainer_nb.liveplot import LivePlot
 from conftest import REPO
@@ -32,14 +33,15 @@ class Spy(Hook):
     order = 50
     def before_fit(self): self.losses, self.lrs, self.moms = [], [], []
     def after_loss(self): self.losses.append(self.trainer.loss.item())
-    def after_backward(self):
+    def before_step(self):
         g = self.trainer.opt.param_groups
         self.cur = [x['lr'] for x in g], g[0]['betas'][0] if 'betas' in g[0] else g[0].get('momentum')
     def after_step(self):
-        if self.trainer.state.opt_stepped: self.lrs.append(self.cur[0]); self.moms.append(self.cur[1])
+        self.lrs.append(self.cur[0])
+        self.moms.append(self.cur[1])
 
 class Jitter(Hook):
-    "Changes every group's LR before each batch (to a value that depends on the iteration) and after it."
+    "Changes every group's LR before each optimizer step (to a value that depends on the iteration) and after it."
     def before_step(self):
         for i, g in enumerate(self.trainer.opt.param_groups): g['lr'] = 1e-3 * (1 + (self.trainer.state.iteration % 5)) * (i + 1)
     def after_step(self):   # runs before the Recorder's after_step: what the step used is what counts
@@ -103,7 +105,7 @@ def test_arrays_mid_fit_and_downsampled():
     seen = []
     class Peek(Hook):
         order = 60
-        def after_step(self):
+        def after_batch(self):
             if self.trainer.state.iteration == 30: seen.append(self.trainer.get_hook(Recorder).arrays())
     t = make(n_batches=50, hooks=[Peek(), Spy()], sync_every=1000)   # losses stay on the device until asked for
     t.fit(2)
@@ -224,9 +226,16 @@ def test_a_million_steps_take_little_memory():
 
 
 class StopAt(Hook):
-    "Stops the fit in after_step of iteration `it`; its order (0) puts it before the Recorder's after_step."
+    """Stops the fit in the after_step of batch number `it` (counted from 1: `state.iteration` counts a batch before
+    its step); its order (0) puts it before the Recorder's after_step."""
     def __init__(self, it): self.it = it
     def after_step(self):
+        if self.trainer.state.iteration == self.it: raise CancelFit()
+
+class StopAfter(Hook):
+    "Stops the fit in the after_batch of batch number `it`, once its step (if any) is recorded."
+    def __init__(self, it): self.it = it
+    def after_batch(self):
         if self.trainer.state.iteration == self.it: raise CancelFit()
 
 class AllLosses(Hook):
@@ -238,15 +247,32 @@ class AllLosses(Hook):
 
 def test_a_stopped_fit_keeps_its_steps_and_the_next_fit_records_on():
     t = make(n_batches=7, grad_accum=2, hooks=[AllLosses()], sync_every=1000)
-    t.add_hooks(StopAt(9)); t.fit(2); t.remove_hooks(StopAt)   # stops in epoch 2, in the after_step of step 5
+    t.add_hooks(StopAfter(9)); t.fit(2); t.remove_hooks(StopAfter)   # stops in epoch 2, after batch 9 (step 5)
     t.fit(1)
     steps = t.get_hook(Recorder).steps
     assert steps.step.tolist() == list(range(1, 10)) and steps.lr.notna().all()
-    assert steps.iteration.tolist() == [2, 4, 6, 7, 9, 11, 13, 15, 16]   # step 5 recorded though its after_step was cut short
+    assert steps.iteration.tolist() == [2, 4, 6, 7, 9, 11, 13, 15, 16]
     bl = np.array(t.get_hook(AllLosses).losses)
     expected = [bl[i - 2:i].mean() if i not in (7, 16) else bl[i - 1] for i in steps.iteration]
     np.testing.assert_allclose(steps.loss, expected, rtol=1e-6)
     assert t.history.epoch.tolist() == [0, 1]   # the stopped epoch did not finish; the next fit ran it
+
+
+def test_a_step_whose_after_step_was_cut_short_is_recorded():
+    "By CancelFit (the batch, counted before its step, keeps its loss), or by CancelBatch (after_batch still runs)."
+    t = make(n_batches=7, grad_accum=2, hooks=[AllLosses()], sync_every=1000)
+    t.add_hooks(StopAt(9)); t.fit(2); t.remove_hooks(StopAt)   # stops in epoch 2, in the after_step of step 5
+    steps, bl = t.get_hook(Recorder).steps, t.get_hook(AllLosses).losses
+    assert steps.step.tolist() == [1, 2, 3, 4, 5] and steps.iteration.tolist() == [2, 4, 6, 7, 9]
+    assert t.state.step == 5 and t.state.iteration == 9 and len(t.losses) == 9 and steps.lr.notna().all()
+    assert steps.loss.iloc[-1] == pytest.approx(np.mean(bl[7:9]), rel=1e-6)   # batches 8 and 9, as when not cut
+    class CutShort(Hook):
+        def after_step(self): raise CancelBatch()   # the step is done; only the later after_step hooks are skipped
+    t = make(n_batches=4, hooks=[CutShort(), AllLosses()])
+    t.fit(1)
+    steps = t.get_hook(Recorder).steps
+    assert steps.step.tolist() == steps.iteration.tolist() == [1, 2, 3, 4]
+    np.testing.assert_allclose(steps.loss, t.get_hook(AllLosses).losses, rtol=1e-6)
 
 
 def test_steps_whose_losses_never_reach_the_host_get_nan():
@@ -304,8 +330,8 @@ def test_liveplot_x_axis_ends_at_the_last_step_the_scheduler_counts():
     "7 batches an epoch with grad_accum=2: 4 steps an epoch (the 7th batch steps alone), 12 in 3 epochs (not ceil(21/2) = 11)."
     xlims = []
     class Look(Hook):
-        order = 40   # after the plot's after_step
-        def after_step(self):
+        order = 40   # after the plot's after_batch
+        def after_batch(self):
             if plot.n_draws: xlims.append(plot.ax_loss.get_xlim())
     plot = LivePlot(mode='widget', every=0, max_share=1.0)
     t = make(n_batches=7, grad_accum=2, hooks=[plot, Look()],
@@ -386,7 +412,7 @@ def test_liveplot_redraw_cost_does_not_grow_with_the_steps():
     class Measure(Hook):
         "A redraw each step from the 10th on (after the plot's own, throttled, ones), each but the first traced."
         order = 40
-        def after_step(self):
+        def after_batch(self):
             it = self.trainer.state.iteration - n
             if it < 10: return
             if it > 10: tracemalloc.start()

@@ -188,7 +188,7 @@ def test_trainer_config_rebuilds_the_same_run(tmp_path):
     saved = json.loads((tmp_path / run_dir.split('/')[-1] / 'config.json').read_text())
     assert {k: v for k, v in saved.items() if k != 'trainer'} == t.config
     assert saved['trainer']['lr'] == 0.005 and saved['trainer']['metrics'] == ['accuracy']
-    again = Trainer.from_config(t.config, ['checkpoint=false', 'metrics_log=false'])   # the classmethod, the same
+    again = build_trainer(t.config, ['checkpoint=false', 'metrics_log=false'])   # the config rebuilds it
     assert again.config['run_dir'] == run_dir and again.hooks == []
     again.fit(1, 0.005)
     for k, v in weights(again).items(): assert torch.equal(v, w1[k]), k

@@ -26,10 +26,10 @@ def make(hooks=(), **kw):
 def saved(tmp_path):
     "A run directory whose last checkpoint was taken mid-epoch (step 9 of 12)."
     from trainer_nb.checkpoint import Checkpoint, list_checkpoints
-    from trainer_nb.core import Hook, CancelFit
+    from trainer_nb.base import CancelFit, Hook
     class Stop(Hook):
         order = 100
-        def after_step(self):
+        def after_batch(self):
             if self.trainer.state.iteration == 9: raise CancelFit()
     make([Checkpoint(tmp_path / 'run', every_steps=9), Stop()]).fit(2)
     last = list_checkpoints(tmp_path / 'run')[-1]

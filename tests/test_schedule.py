@@ -89,7 +89,7 @@ def test_one_cycle_keeps_the_groups_ratio():
 
 def test_the_schedule_is_put_back_after_an_error():
     class Boom(Hook):
-        def after_step(self):
+        def after_batch(self):
             if self.trainer.state.iteration == 3: raise RuntimeError('boom')
     t = make(6, scheduler=None)
     t.add_hooks(Boom())

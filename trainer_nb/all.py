@@ -6,6 +6,7 @@
 __all__ = []
 
 # %% ../nbs/09_all.ipynb #0c038747
+from .base import *
 from .core import *
 from .recorder import *
 from .schedule import *

@@ -6,16 +6,18 @@
 from __future__ import annotations
 import errno, hashlib, json, math, os, re, shutil, signal, socket, threading, time, warnings, zipfile
 from collections.abc import Mapping
+from dataclasses import dataclass
 from pathlib import Path
 
 # %% auto #0
 __all__ = ['list_checkpoints', 'verify_checkpoint', 'run_config', 'config_diff', 'RunDir', 'save_checkpoint', 'load_weights',
-           'resume_fit', 'Checkpoint', 'EarlyStopping', 'MetricsLog', 'read_metrics']
+           'ResumePlan', 'checkpoint_hooks', 'close_runs', 'resume_plan', 'Checkpoint', 'EarlyStopping', 'MetricsLog',
+           'read_metrics']
 
 # %% ../nbs/06_checkpoint.ipynb #77d58462
 import numpy as np
 import torch
-from .core import CancelFit, Hook, MainProcessHook, Trainer, rng_state, set_rng_state, _name_of, _plain
+from .base import CancelFit, Hook, MainProcessHook, name_of, rng_state, to_plain
 
 # %% ../nbs/06_checkpoint.ipynb #dda70a9d
 _NAME = re.compile(r'^step-(\d+)$')
@@ -131,13 +133,13 @@ def _config_value(v):
     if isinstance(v, os.PathLike): return os.fspath(v)
     return _ADDR.sub('', repr(v))
 
-def _fname(f) -> str | None: return None if f is None else _name_of(f)
+def _fname(f) -> str | None: return None if f is None else name_of(f)
 
 def _n_samples(dl) -> int | None:
     try: return len(dl.dataset)
     except (AttributeError, TypeError): return None
 
-def run_config(trainer: Trainer, epochs: int | None = None, config: dict | None = None) -> dict:
+def run_config(trainer, epochs: int | None = None, config: dict | None = None) -> dict:
     "The user's `config` and, under `'trainer'`, what `trainer` knows of a fit of `epochs` epochs; JSON-safe."
     t, acc = trainer, trainer.accelerator
     config = dict(config or {})
@@ -146,10 +148,11 @@ def run_config(trainer: Trainer, epochs: int | None = None, config: dict | None 
     model, opt = t.unwrapped_model, getattr(t.opt, 'optimizer', t.opt)
     known = {'model': type(model).__name__, 'parameters': sum(p.numel() for p in model.parameters()),
              'optimizer': {'class': type(opt).__name__, **opt.defaults},
-             'lr': t.lr if len(t._base_lrs) == 1 else list(t._base_lrs), 'epochs': epochs,
+             'lr': t.lr if len(t.lrs) == 1 else list(t.lrs), 'epochs': epochs,
              'batch_size': getattr(t.train_dl, 'batch_size', None), 'train_samples': _n_samples(t.train_dl),
-             'grad_accum': t.grad_accum, 'mixed_precision': str(acc.mixed_precision), 'max_grad_norm': t.max_grad_norm,
-             'scheduler': t.scheduler_func, 'loss_func': _fname(t.loss_func), 'train_step': _fname(t.train_step),
+             'grad_accum': t.grad_accum, 'mixed_precision': str(acc.mixed_precision),
+             'max_grad_norm': getattr(t, 'max_grad_norm', None), 'scheduler': getattr(t, 'scheduler_func', None),
+             'loss_func': _fname(getattr(t, 'loss_func', None)), 'train_step': _fname(getattr(t, 'train_step', None)),
              'metrics': [_fname(m) for m in t.metrics], 'hooks': [h.name for h in t.hooks],
              'num_processes': acc.num_processes}
     return _config_value({**config, 'trainer': known})
@@ -294,12 +297,60 @@ class RunDir:
         _fsync(self.path)
         return diff
 
+# %% ../nbs/06_checkpoint.ipynb #b119e433
+_TENSORS = 'trainer_state.safetensors'   # the tensors of the main process's state (hooks' states...)
+_OWN = ('losses', 'logged')              # each process's own part of the state: in its `losses_<i>.safetensors`
+_META = ('format', 'tensors', 'position', 'num_processes', 'fit_start', 'fit_epochs', 'stopped', 'time')
+
+def _split(obj, name: str, tensors: dict):
+    "`obj` with each tensor in it replaced by `{'__tensor__': a name}`, the tensor put in `tensors` under that name."
+    if isinstance(obj, torch.Tensor):
+        key = name
+        while key in tensors: key += '_'
+        tensors[key] = obj
+        return {'__tensor__': key}
+    if isinstance(obj, Mapping): return {k: _split(v, f'{name}/{k}', tensors) for k, v in obj.items()}
+    if isinstance(obj, (list, tuple)): return [_split(v, f'{name}/{i}', tensors) for i, v in enumerate(obj)]
+    return obj
+
+def _join(obj, tensors: dict, file: str):
+    "Put back the tensors `_split` took out of `obj` (read from `file`)."
+    if isinstance(obj, Mapping):
+        if set(obj) == {'__tensor__'}:
+            if obj['__tensor__'] not in tensors: raise KeyError(f"{file} has no tensor {obj['__tensor__']!r}")
+            return tensors[obj['__tensor__']]
+        return {k: _join(v, tensors, file) for k, v in obj.items()}
+    if isinstance(obj, list): return [_join(v, tensors, file) for v in obj]
+    return obj
+
+def _save_tensors(path: Path, tensors: dict, meta=None):
+    """Write `tensors` to the safetensors file `path` (on the CPU, each its own memory), with `meta` as JSON. A file
+    with `meta` (a process's own, small) is written from Python (`open`, as the other files of a process); the others,
+    possibly as large as the model, by safetensors straight from the tensors."""
+    from safetensors.torch import save, save_file
+    out, seen = {}, set()
+    for k, v in tensors.items():
+        v = v.detach().to('cpu').contiguous()
+        ptr = v.untyped_storage().data_ptr() if v.numel() else None
+        if ptr in seen: v = v.clone()   # (safetensors refuses tensors that share memory)
+        elif ptr is not None: seen.add(ptr)
+        out[k] = v
+    if meta is None: save_file(out, str(path))
+    else: Path(path).write_bytes(save(out, metadata={'state': json.dumps(meta, allow_nan=True)}))
+
+def _load_tensors(path: Path) -> tuple[dict, object]:
+    "`(tensors, meta)` of a file `_save_tensors` wrote."
+    from safetensors import safe_open
+    with safe_open(str(path), framework='pt') as f:
+        meta = (f.metadata() or {}).get('state')
+        return {k: f.get_tensor(k) for k in f.keys()}, (None if meta is None else json.loads(meta))
+
 # %% ../nbs/06_checkpoint.ipynb #0bdb7251
 def _jsonable(obj, what):
     try: return json.loads(json.dumps(obj, allow_nan=True))
     except TypeError as e:
-        raise TypeError(f"{what} must be JSON-able (numbers, strings, lists, dicts) to go in a checkpoint: {e}"
-                        ) from None
+        raise TypeError(f"{what} must be JSON-able (numbers, strings, lists, dicts; tensors apart) to go in a "
+                        f"checkpoint: {e}") from None
 
 def _check_safe(acc):
     "Refuse what Accelerate would reload by unpickling arbitrary objects."
@@ -307,14 +358,28 @@ def _check_safe(acc):
         names = ', '.join(type(o).__name__ for o in acc._custom_objects)
         raise ValueError(f"The Accelerator has objects registered with register_for_checkpointing ({names}): "
                          "Accelerate reloads them with torch.load(weights_only=False), which can run arbitrary code, "
-                         "so checkpoints refuse them. Keep their state in a hook's state_dict() (JSON) instead")
+                         "so checkpoints refuse them. Keep their state in a hook's state_dict() (JSON and tensors) "
+                         "instead")
 
-def save_checkpoint(trainer: Trainer, path,
+def _write_state(tmp: Path, sd: dict, i: int, main: bool) -> dict:
+    """Write process `i`'s own part of state dict `sd` (`_OWN`) to `tmp/losses_<i>.safetensors`; on the main process,
+    the other tensors to `tmp/trainer_state.safetensors`. Returns the rest, JSON-able (the main process's)."""
+    own_t, main_t = {}, {}
+    own = {k: _split(sd.pop(k), k, own_t) for k in _OWN if k in sd}
+    _save_tensors(tmp / f'losses_{i}.safetensors', own_t, _jsonable(own, "the loss log"))
+    if not main: return {}
+    hooks = sd.pop('hooks', None) or {}
+    plain = {k: _jsonable(_split(v, k, main_t), f"the trainer's {k!r}") for k, v in sd.items()}
+    plain['hooks'] = {k: _jsonable(_split(v, f'hooks/{k}', main_t), f"{k}.state_dict()") for k, v in hooks.items()}
+    if main_t: _save_tensors(tmp / _TENSORS, main_t)
+    return {**plain, 'tensors': _TENSORS if main_t else None}
+
+def save_checkpoint(trainer, path,
                     position: tuple[int, int] | None = None, # (epoch, batches of it done); default: after this batch
                     epoch_rng: list | None = None,           # each process's generators at the start of the epoch
                     checksum: bool = True, fit_start: int | None = None, fit_epochs: int | None = None,
                     stopped: str | None = None) -> Path:     # why the fit stopped here (`CancelFit`): nothing to resume
-    "Save `trainer` (weights, optimizer, scheduler, scaler, generators, counters, hooks' states) atomically to `path`."
+    "Save `trainer` (weights, optimizer, schedulers, scaler, generators, counters, hooks' states) atomically to `path`."
     t, acc, s = trainer, trainer.accelerator, trainer.state
     _check_safe(acc)
     path, main, i = Path(path), acc.is_main_process, acc.process_index
@@ -325,18 +390,13 @@ def save_checkpoint(trainer: Trainer, path,
         tmp.mkdir(parents=True)
     acc.wait_for_everyone()
     _write_json(tmp / f'rng_{i}.json', {'current': rng_state(t.train_loader), 'epoch_start': epoch_rng})
-    sd = t.state_dict(hooks=main)   # each process's own losses; the hooks' states from the main process
-    losses = sd.pop('losses')
-    from safetensors.torch import save
-    (tmp / f'losses_{i}.safetensors').write_bytes(save({
-        'losses': losses['values'].contiguous(), 'skipped': torch.tensor(losses['skipped'], dtype=torch.int64)}))
+    # each process's own losses and logged values; the hooks' states from the main process
+    plain = _write_state(tmp, t.state_dict(hooks=main), i, main)
     acc.save_state(str(tmp), safe_serialization=True)
     if main:
-        sd['hooks'] = {k: _jsonable(v, f"{k}.state_dict()") for k, v in sd['hooks'].items()}
-        if sd['scheduler'] is not None: sd['scheduler'] = _jsonable(sd['scheduler'], "the scheduler's state")
         start = s.epoch if fit_start is None else fit_start
         n_epochs = s.epochs - start if fit_epochs is None else fit_epochs
-        _write_json(tmp / _STATE, {'format': 1, **sd, 'position': list(position), 'num_processes': acc.num_processes,
+        _write_json(tmp / _STATE, {'format': 2, **plain, 'position': list(position), 'num_processes': acc.num_processes,
                                    'fit_start': start, 'fit_epochs': n_epochs, 'stopped': stopped, 'time': time.time()})
     acc.wait_for_everyone()
     if main:
@@ -377,7 +437,7 @@ def load_weights(model, path, strict: bool = True):
     the keys that match."""
     from safetensors.torch import load_file
     path = Path(path)
-    if isinstance(model, Trainer): model = model.unwrapped_model
+    if not isinstance(model, torch.nn.Module): model = model.unwrapped_model   # a `Trainer`
     verify_checkpoint(path)
     file = path / 'model.safetensors'
     _check_keys(model, file, strict)   # raises, when strict, on any key missing or unexpected
@@ -412,7 +472,8 @@ def _check_file(path: Path, name: str):
         raise _unusable(path, f"{name} can't be read ({type(e).__name__}; truncated or damaged?)") from None
 
 def _check_files(path: Path, acc) -> str:
-    "Check every file a resume of this process reads, and every torch file (see above); returns its loss log's name."
+    """Check every file a resume of this process reads, and every torch file (see above); returns the name of its own
+    state's file (its loss log)."""
     i = acc.process_index
     losses = next((n for n in (f'losses_{i}.safetensors', 'losses_0.safetensors', 'losses.safetensors')
                    if (path / n).is_file()), f'losses_{i}.safetensors')
@@ -420,16 +481,41 @@ def _check_files(path: Path, acc) -> str:
     if acc.scaler is not None: names.append('scaler.pt')
     names += sorted(p.name for p in path.iterdir() if p.suffix in ('.bin', '.pkl', '.pt') and p.name not in names)
     for name in names: _check_file(path, name)
+    tensors = json.loads((path / _STATE).read_text()).get('tensors')
+    if tensors not in (None, _TENSORS): raise _unusable(path, f"{_STATE} names an unknown tensor file {tensors!r}")
+    if tensors: _check_file(path, tensors)
     return losses
 
 # %% ../nbs/06_checkpoint.ipynb #de5d4341
-def _is_checkpoint(h) -> bool:
-    return callable(getattr(h, '_resumed', None))   # by shape: notebook and library classes mix
+@dataclass
+class ResumePlan:
+    "Where a resumed fit continues, and the state it loads (see `resume_plan`)."
+    path: Path               # the checkpoint resumed from
+    state: dict              # what `trainer.state_dict()` returned at the save (tensors included)
+    epoch: int               # the epoch to continue in
+    batch: int               # batches of it already done (0: from its start)
+    epoch_rng: dict | None   # `rng_state(loader)` when that epoch first started (when `batch` > 0)
+    rng: dict                # `rng_state(loader)` at the save
+    replay: bool             # load and discard the batches done instead of skipping them by index
+    fit_start: int           # the interrupted fit's first epoch
+    stopped: str | None      # the fit had stopped there (`CancelFit`): nothing left to train
+
+def _is_checkpoint(h) -> bool:   # by shape: notebook and library classes mix
+    return callable(getattr(h, '_open', None)) and hasattr(h, 'replay_batches')
+
+def checkpoint_hooks(trainer) -> list:
+    "The `Checkpoint` hooks of `trainer` (recognised by their shape: a copy of the class made in a notebook counts)."
+    return [h for h in trainer.hooks if _is_checkpoint(h)]
+
+def close_runs(trainer):
+    "Close the run directories `resume_plan` opened, when the fit that asked for the plan can't go on."
+    for h in checkpoint_hooks(trainer):
+        if h._opened: h._close()
 
 def _checkpoint_path(trainer, resume) -> Path | None:
     "The checkpoint `resume` names: 'last' or 'best' of the `Checkpoint` hook's directory, or a path."
     if resume in ('last', 'best'):
-        cks = [h for h in trainer.hooks if _is_checkpoint(h)]
+        cks = checkpoint_hooks(trainer)
         if not cks:
             raise ValueError(f"resume={resume!r} needs a Checkpoint hook (its directory): add one, or pass a path")
         return cks[0].last if resume == 'last' else cks[0].best
@@ -439,8 +525,9 @@ def _checkpoint_path(trainer, resume) -> Path | None:
         return list_checkpoints(p)[-1]   # a run directory: its newest
     return p
 
-def resume_fit(trainer: Trainer, resume):
-    "Load checkpoint `resume` ('last', 'best' or a path) into `trainer` for `fit(resume=...)` to continue from it."
+def resume_plan(trainer, resume) -> ResumePlan:
+    """Load the weights, optimizer and scaler of checkpoint `resume` ('last', 'best' or a path) into `trainer`, and
+    return the rest (its state, where to continue) for `fit(resume=...)` to apply."""
     t, acc = trainer, trainer.accelerator
     _check_safe(acc)
     # torch < 2.4: Accelerate's torch.load would unpickle freely
@@ -451,15 +538,15 @@ def resume_fit(trainer: Trainer, resume):
     # checkpoint a save killed just before its rename left complete (put in place, so that 'last' finds it)
     opened = []
     try:
-        for h in t.hooks:
-            if _is_checkpoint(h) and h._open(): opened.append(h)
-        return _resume(t, resume)
+        for h in checkpoint_hooks(t):
+            if h._open(): opened.append(h)
+        return _plan(t, resume)
     except BaseException:
         for h in opened: h._close()
         raise
 
 # %% ../nbs/06_checkpoint.ipynb #2d6aa58b
-def _check_compatible(t: Trainer, st: dict):
+def _check_compatible(t, st: dict):
     "Warn where the checkpoint's run differs from this one; refuse a different kind of schedule."
     acc, s = t.accelerator, t.state
     if st['grad_accum'] != t.grad_accum:
@@ -470,49 +557,46 @@ def _check_compatible(t: Trainer, st: dict):
     if s.epochs - s.epoch != st['fit_epochs']:
         warnings.warn(f"The interrupted fit was asked for {st['fit_epochs']} epochs, this one for "
                       f"{s.epochs - s.epoch}: its schedule continues from the checkpoint's state")
-    if (t.scheduler is None) != (st['scheduler'] is None):
-        raise ValueError("The checkpoint was taken " + ("with" if st['scheduler'] is not None else "without") +
-                         " a scheduler, this fit has " + ("one" if t.scheduler is not None else "none") +
-                         ": resume with the same fit method (and scheduler=) as the interrupted run")
+    saved, mine = sorted(st.get('schedulers') or {}), sorted(t.schedulers or {})
+    if bool(saved) != bool(mine):
+        raise ValueError("The checkpoint was taken " + ("with" if saved else "without") + " a scheduler, this fit has "
+                         + ("one" if mine else "none") + ": resume with the same fit method (and scheduler=) as the "
+                         "interrupted run")
+    if saved != mine:
+        raise ValueError(f"The checkpoint has schedulers for the optimizers {saved}, this fit for {mine}: resume with "
+                         "the same scheduler= as the interrupted run")
 
-def _resume(t: Trainer, resume) -> Path:
+def _read_state(path: Path, st: dict, own_file: str) -> dict:
+    "What `trainer.state_dict()` returned at the save, tensors and this process's own part included."
+    main_t = _load_tensors(path / st['tensors'])[0] if st.get('tensors') else {}
+    own_t, own = _load_tensors(path / own_file)
+    if not isinstance(own, dict): raise ValueError(f"{own_file} holds no state")
+    return {**{k: _join(v, main_t, st.get('tensors')) for k, v in st.items() if k not in _META},
+            **{k: _join(v, own_t, own_file) for k, v in own.items()}}
+
+def _plan(t, resume) -> ResumePlan:
     acc, s = t.accelerator, t.state
     path = _checkpoint_path(t, resume)
     if path is None: raise FileNotFoundError(f"No complete checkpoint to resume from (resume={resume!r})")
     verify_checkpoint(path)
-    losses_file = _check_files(path, acc)
+    own_file = _check_files(path, acc)
     st = json.loads((path / _STATE).read_text())
     rng = json.loads((path / f'rng_{acc.process_index}.json').read_text())
     _check_compatible(t, st)
-    epochs = s.epochs - s.epoch   # this fit's `epochs`
+    try: state = _read_state(path, st, own_file)
+    except Exception as e:
+        raise _unusable(path, f"its state can't be read ({type(e).__name__}: {e})") from None
     _check_keys(t.unwrapped_model, path / 'model.safetensors')
     try: acc.load_state(str(path))
     except Exception as e:
         raise ValueError(f"Checkpoint {path}: loading the model, optimizer or grad scaler into this trainer failed "
                          f"({type(e).__name__}: {e})") from None
-    from safetensors.torch import load_file
-    saved = load_file(str(path / losses_file))
-    losses = {'values': saved['losses'], 'skipped': saved['skipped'].tolist() if 'skipped' in saved else []}
-    try: t.load_state_dict({**st, 'losses': losses})
-    except Exception as e:
-        raise ValueError(f"Checkpoint {path}: {_STATE} does not load into this trainer ({type(e).__name__}: {e})"
-                         ) from e
-    # the counters are as they were at the save (`opt_stepped` included: a hook may read it before the next batch)
     epoch, done = st['position']
-    s.epochs = st['fit_start'] + epochs
     stopped = st.get('stopped')
     if stopped: done = 0   # a fit stopped by `CancelFit` at this epoch's end: it stays stopped (see `Checkpoint`)
-    elif epoch < s.epochs: s.epoch, s.batch = epoch, 0
-    else: s.epoch = epoch   # nothing left to train: the counters stay as the fit left them
-    cks = [h for h in t.hooks if _is_checkpoint(h)]
-    for h in cks: h._resumed(st, rng['epoch_start'] if done else None, path)
-    if stopped and not cks:   # (with a Checkpoint hook, it stops the fit again with the same reason)
-        warnings.warn(f"The fit saved in {path} stopped there ({stopped}): nothing left to train")
-        s.epochs = s.epoch
-    replay = any(getattr(h, 'replay_batches', False) for h in cks)
-    if done: t.resume_epoch(done, rng['epoch_start'], rng['current'], replay=replay)
-    else: set_rng_state(rng['current'], t.train_loader)
-    return path
+    replay = any(h.replay_batches for h in checkpoint_hooks(t))
+    return ResumePlan(path=path, state=state, epoch=epoch, batch=done, epoch_rng=rng['epoch_start'] if done else None,
+                      rng=rng['current'], replay=replay, fit_start=st['fit_start'], stopped=stopped)
 
 # %% ../nbs/06_checkpoint.ipynb #d622c415
 class _CheckpointRun:
@@ -528,14 +612,8 @@ class _CheckpointRun:
         "The best checkpoint so far by `monitor` (None if there is none)."
         return self.run.best(self.best_name)   # (the same name on every process; `best.json` for a run not seen)
 
-    def _resumed(self, st, epoch_rng, path):
-        """Called by `resume_fit`: the interrupted fit's first epoch, the epoch-start generators of a mid-epoch resume,
-        the checkpoint."""
-        self._fit_start, self._resume_rng, self._resumed_from = st['fit_start'], epoch_rng, Path(path)
-        self._stopped = st.get('stopped')
-
     def _open(self) -> bool:
-        """Open the run directory (its lock, and what a killed run left there) once per fit: `resume_fit` calls this
+        """Open the run directory (its lock, and what a killed run left there) once per fit: `resume_plan` calls this
         before loading anything, `before_fit` otherwise. Every process calls it. True if it opened it now."""
         if self._opened: return False
         acc = self.trainer.accelerator
@@ -598,7 +676,7 @@ class _CheckpointSaving(_CheckpointRun):
         "Say once, at the first fit, that the monitored key will never be reported (validation needs a valid_dl)."
         t = self.trainer
         if self._warned or not self.monitor or t.valid_dl is not None: return
-        if self.monitor == 'valid_loss' or self.monitor in [_name_of(m) for m in t.metrics]:
+        if self.monitor == 'valid_loss' or self.monitor in [name_of(m) for m in t.metrics]:
             self._warned = True
             nothing = " and load_best_at_end loads nothing" if self.load_best_at_end else ""
             warnings.warn(f"Checkpoint monitors {self.monitor!r}, which only validation reports, and the trainer has "
@@ -645,32 +723,32 @@ def _check_checkpoint_args(config, mode, keep_last, every_steps):
 class _CheckpointEvents(_CheckpointSaving):
     "What the `Checkpoint` hook does at each event."
     def before_fit(self):
-        if self.trainer.dev_run: return   # `fit(fast_dev_run=True)`: nothing written
         t = self.trainer
-        self._n_procs, self._last_save, self._signal = t.accelerator.num_processes, time.monotonic(), None
+        plan = t.resumed   # a `ResumePlan` when this fit resumes a checkpoint
+        self._n_procs, self._last_save = t.accelerator.num_processes, time.monotonic()
+        self._signal = None
         self.saved, self._saved_step, self._in_epoch, self._epoch_ended = [], None, None, False
-        if self._fit_start is None: self._fit_start = t.state.epoch
+        self._fit_start = t.state.epoch if plan is None else plan.fit_start
+        self._resume_rng = None if plan is None else plan.epoch_rng
+        self._resumed_from = None if plan is None else Path(plan.path)
         self._open()
         self._warn_unreported_monitor()
         if t.is_main_process:
             self.run.write_config(run_config(t, t.state.epochs - self._fit_start, self.config), self._resumed_from)
-        if self._stopped is not None:   # resumed from the checkpoint of a fit that CancelFit stopped: it stays stopped
-            why, self._stopped = self._stopped, None
-            raise CancelFit(f"{why} (resumed from {self._resumed_from}, where the fit had stopped: nothing left to "
+        if plan is not None and plan.stopped:   # the fit had stopped at this checkpoint (CancelFit): it stays stopped
+            raise CancelFit(f"{plan.stopped} (resumed from {plan.path}, where the fit had stopped: nothing left to "
                             "train)")
         if self.handle_signals: self._catch_signals()
 
     def before_epoch(self):
-        if self.trainer.dev_run: return
         t = self.trainer
         self._in_epoch, self._epoch_ended = t.state.epoch, False
         if self._resume_rng is not None: self._epoch_rng, self._resume_rng = self._resume_rng, None
         else: self._epoch_rng = rng_state(t.train_loader)
 
     def after_step(self):
-        if self.trainer.dev_run: return
+        "Save this step when one is due (its batch is counted and its loss logged by now), or when a signal came."
         s = self.trainer.state
-        if not s.opt_stepped: return
         due = self.every_steps is not None and s.step % self.every_steps == 0
         if self.every_seconds is not None and time.monotonic() - self._last_save >= self.every_seconds: due = True
         stop = self._signal
@@ -682,7 +760,6 @@ class _CheckpointEvents(_CheckpointSaving):
         if stop: self._stop(stop)
 
     def after_epoch(self):
-        if self.trainer.dev_run: return
         s = self.trainer.state
         self._epoch_ended = True
         self._end_epoch()
@@ -693,7 +770,6 @@ class _CheckpointEvents(_CheckpointSaving):
             self._stop(stop)
 
     def after_cancel(self):
-        if self.trainer.dev_run: return
         t = self.trainer
         # `CancelFit` from a hook's `after_epoch` before this one (`EarlyStopping`): the epoch is complete (its results
         # got their 'time', set just before `after_epoch`) but was not saved: save it, marked as where the fit stopped
@@ -702,11 +778,9 @@ class _CheckpointEvents(_CheckpointSaving):
             self._end_epoch(stopped=str(t.cancelled) or 'CancelFit')
 
     def after_fit(self):
-        if self.trainer.dev_run: return
         t = self.trainer
         self._release_signals()
-        self._fit_start, self._resume_rng, self._resumed_from = None, None, None
-        self._stopped, self._in_epoch = None, None
+        self._fit_start, self._resume_rng, self._resumed_from, self._in_epoch = None, None, None, None
         self._close()
         if self.load_best_at_end and self.best is not None and not (
                 t.cancelled is not None and not isinstance(t.cancelled, CancelFit)):
@@ -717,6 +791,7 @@ class Checkpoint(_CheckpointEvents, Hook):
     """Save the trainer every `every_steps` steps / `every_seconds` seconds / epoch end; keep the last `keep_last` and
     the best."""
     order = 85   # after the hooks whose state it saves (Recorder 10, MetricsLog 80, EarlyStopping 82)
+    in_dev_run = False   # `fit(fast_dev_run=True)` writes nothing
 
     def __init__(self, dir, every_steps: int | None = None, every_seconds: float | None = None,
                  at_epoch_end: bool = True, keep_last: int | None = 3,
@@ -733,18 +808,16 @@ class Checkpoint(_CheckpointEvents, Hook):
         self.best_value, self.best_name, self.saved = None, None, []   # saved: this fit's checkpoints, oldest first
         self._signal, self._old_handlers, self._epoch_rng = None, {}, None
         self._fit_start, self._resume_rng = None, None
-        self._opened, self._resumed_from, self._stopped, self._warned, self._saved_step = False, None, None, False, None
+        self._opened, self._resumed_from, self._warned, self._saved_step = False, None, False, None
         self._in_epoch, self._epoch_ended = None, False
 
     def state_dict(self) -> dict: return {'best_value': self.best_value, 'best_name': self.best_name}
     def load_state_dict(self, d: dict): self.best_value, self.best_name = d['best_value'], d['best_name']
 
-
 # %% ../nbs/06_checkpoint.ipynb #0871f29a
 def _epoch_end_checkpoint(t, epoch: int) -> Path | None:
     "The checkpoint a `Checkpoint` hook of `t` saved at the end of `epoch` (None if there is none)."
-    for h in t.hooks:
-        if not _is_checkpoint(h): continue
+    for h in checkpoint_hooks(t):
         for p in reversed(list_checkpoints(h.dir)):
             try: position = json.loads((p / _STATE).read_text())['position']
             except (OSError, ValueError, KeyError): continue
@@ -806,24 +879,14 @@ class EarlyStopping(Hook):
 
 # %% ../nbs/06_checkpoint.ipynb #c2ac2e3d
 def _json_value(v):
-    "A value for a JSON line: numbers and lists as `_plain` makes them, a non-finite float as null."
-    v = _plain(v)
+    "A value for a JSON line: numbers and lists as `to_plain` makes them, a non-finite float as null."
+    v = to_plain(v)
     return None if isinstance(v, float) and not math.isfinite(v) else v
 
 _COUNTERS = ('kind', 'step', 'epoch', 'iteration', 'samples', 'time')
 
-class MetricsLog(MainProcessHook):
-    """Append one JSON line per epoch and per `every_steps` optimizer steps to `path`, and log them to Accelerate's
-    trackers (main process only)."""
-    order = 80
-
-    def __init__(self, path, every_steps: int | None = 50,
-                 trackers: bool = True):   # also send the records to `trainer.accelerator`'s started trackers
-        p = Path(path)
-        self.path = p / 'metrics.jsonl' if p.is_dir() or not p.suffix else p
-        self.every_steps, self.trackers = every_steps, trackers
-        self._f, self._lo, self._t0, self._cut = None, None, None, None
-
+class _MetricsFile:
+    "`MetricsLog`'s file: writing a record (and sending it to the trackers), cutting it back after a resume."
     def state_dict(self) -> dict:
         if self._f is not None: self._f.flush()
         return {'bytes': self.path.stat().st_size if self.path.exists() else 0, 'lo': self._lo}
@@ -838,7 +901,6 @@ class MetricsLog(MainProcessHook):
             with open(self.path, 'r+b') as f: f.truncate(cut)
 
     def _write(self, rec: dict):
-        if self.trainer.dev_run: return   # `fit(fast_dev_run=True)`: nothing written
         rec = {k: _json_value(v) for k, v in rec.items()}
         self._f.write(json.dumps(rec) + '\n')
         self._f.flush()
@@ -848,6 +910,20 @@ class MetricsLog(MainProcessHook):
             vals = {pre + k: v for k, v in rec.items()
                     if k not in _COUNTERS and isinstance(v, (int, float)) and not isinstance(v, bool)}
             if vals: acc.log(vals, step=rec['step'])
+
+# %% ../nbs/06_checkpoint.ipynb #3d83a155
+class MetricsLog(_MetricsFile, MainProcessHook):
+    """Append one JSON line per epoch and per `every_steps` optimizer steps to `path`, and log them to Accelerate's
+    trackers (main process only)."""
+    order = 80
+    in_dev_run = False   # `fit(fast_dev_run=True)` writes nothing
+
+    def __init__(self, path, every_steps: int | None = 50,
+                 trackers: bool = True):   # also send the records to `trainer.accelerator`'s started trackers
+        p = Path(path)
+        self.path = p / 'metrics.jsonl' if p.is_dir() or not p.suffix else p
+        self.every_steps, self.trackers = every_steps, trackers
+        self._f, self._lo, self._t0, self._cut = None, None, None, None
 
     def before_fit(self):
         acc = self.trainer.accelerator
@@ -860,9 +936,8 @@ class MetricsLog(MainProcessHook):
         if self._lo is None: self._lo = len(self.trainer.losses)
 
     def after_step(self):
-        s = self.trainer.state
-        if self.every_steps is None or not s.opt_stepped or s.step % self.every_steps: return
-        t = self.trainer
+        if self.every_steps is None or self.trainer.state.step % self.every_steps: return
+        t, s = self.trainer, self.trainer.state
         t.flush_losses()
         self._write({'kind': 'train', 'step': s.step, 'epoch': s.epoch, 'iteration': s.iteration, 'samples': s.samples,
                      'loss': t.losses.mean(self._lo), 'lr': t.opt.param_groups[0]['lr'],

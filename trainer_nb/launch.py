@@ -4,7 +4,7 @@
 
 # %% ../nbs/12_launch.ipynb #370d6968
 from __future__ import annotations
-import importlib, logging, os, pickle, signal, socket, sys, threading, time, traceback
+import logging, os, pickle, signal, socket, sys, threading, time, traceback
 import multiprocessing as mp
 from multiprocessing.connection import wait
 
@@ -57,11 +57,6 @@ def _worker(fn, conns, args, kwargs):
         raise
 
 # %% ../nbs/12_launch.ipynb #826b02f3
-def _view_class(spec: str):
-    "The view class named `'module:Class'` (a worker's view may come from a module this kernel has not imported)."
-    mod, name = spec.split(':')
-    return getattr(importlib.import_module(mod), name)
-
 class _Pump:
     "The kernel's end of the pipes: builds the views rank 0 opens and replays their calls; keeps the result and errors."
     def __init__(self, readers):
@@ -84,7 +79,7 @@ class _Pump:
 
     def handle(self, msg):
         kind = msg[0]
-        if kind == 'open': self.views[msg[1]] = _view_class(msg[2])(*msg[3])
+        if kind == 'open': self.views[msg[1]] = msg[2](*msg[3])   # msg[2]: the view's class
         elif kind == 'call' and msg[1] in self.views: getattr(self.views[msg[1]], msg[2])(*msg[3])
         elif kind == 'result': self.result = msg[1]
         elif kind == 'error': self.errors.append(msg[1:])

@@ -7,27 +7,13 @@ from __future__ import annotations
 import io, math, time, warnings
 
 # %% auto #0
-__all__ = ['smooth_steps', 'PlotView', 'LivePlot']
+__all__ = ['PlotView', 'LivePlot']
 
 # %% ../nbs/04_liveplot.ipynb #892d2db3
 import numpy as np
-from .core import MainProcessHook
-from .progress import VIEWS, _resolve_mode, _display, auto_beta, open_view
-
-# %% ../nbs/04_liveplot.ipynb #a91276a6
-def smooth_steps(steps, values, beta: float = 0.98) -> np.ndarray:
-    """Debiased exponential moving average of `values` over `steps` (a gap of g steps decays by beta**g); NaNs are
-    skipped."""
-    steps, values = np.asarray(steps, dtype=np.float64), np.asarray(values, dtype=np.float64)
-    out = np.full(len(values), np.nan)
-    avg = norm = 0.0
-    prev = steps[0] - 1 if len(steps) else 0.0
-    for i, (s, v) in enumerate(zip(steps.tolist(), values.tolist())):
-        if v == v and abs(v) != math.inf:
-            a = beta ** max(s - prev, 1.0)
-            avg, norm, prev = a * avg + (1 - a) * v, a * norm + (1 - a), s
-        if norm: out[i] = avg / norm
-    return out
+from .base import MainProcessHook, name_of, smooth
+from .progress import VIEWS, auto_beta, display_handle, open_view, resolve_mode
+from .recorder import Binned, Recorder
 
 # %% ../nbs/04_liveplot.ipynb #ee086786
 def _finite_range(*arrays, log=False, pad=True):
@@ -75,7 +61,7 @@ class PlotView:
         import ipywidgets as W
         self.widget = W.Image(format='png', value=b'')
         self.widget.add_class('trainer-nb-liveplot')
-        self.handle = _display(self.widget)
+        self.handle = display_handle(self.widget)
 
     def show(self, png: bytes):
         "Show the PNG `png` in the widget."
@@ -143,7 +129,7 @@ class _PlotCurves:
         vstep = np.asarray(arr.get('valid_step', ()), dtype=np.float64)
         vloss = np.asarray(arr.get('valid_loss', ()), dtype=np.float64)
         lr = np.asarray(arr.get('lr', ()), dtype=np.float64)
-        sm = smooth_steps(step, loss, self._beta())
+        sm = smooth(loss, self._beta(), steps=step)
         self.l_raw.set_data(step, loss)
         self.l_train.set_data(step, sm)
         self.l_valid.set_data(vstep, vloss)
@@ -229,12 +215,11 @@ class _PlotDrawing:
         return self.last_png
     def _metric_names(self) -> list[str]:
         "The metrics the third panel shows (none: no third panel)."
-        from trainer_nb.core import _name_of
         m = self.metrics
         if not m: return []
-        have = [_name_of(f) for f in self.trainer.metrics]
+        have = [name_of(f) for f in self.trainer.metrics]
         if m is True: return have
-        names = [x if isinstance(x, str) else _name_of(x) for x in m]
+        names = [x if isinstance(x, str) else name_of(x) for x in m]
         missing = [x for x in names if x not in have]
         if missing: warnings.warn(f"LivePlot: {missing} not among the trainer's metrics {have}: "
                                   "drawn only if the epoch results hold them")
@@ -254,7 +239,7 @@ class LivePlot(_PlotDrawing, _PlotCurves, _PlotFigure, MainProcessHook):
                  metrics=None,      # a third panel: True for all the trainer's metrics, or a list of names (or metrics)
                  figsize=None,      # default: (8, 2.8), or (11.5, 2.8) with the metric panel
                  dpi: int = 72):
-        _resolve_mode(mode)
+        resolve_mode(mode)
         if not 0 < max_share <= 1: raise ValueError(f"max_share must be in (0, 1], got {max_share!r}")
         if max_points < 2: raise ValueError(f"max_points must be >= 2, got {max_points!r}")
         if not (metrics is None or isinstance(metrics, bool) or isinstance(metrics, (list, tuple))):
@@ -267,11 +252,10 @@ class LivePlot(_PlotDrawing, _PlotCurves, _PlotFigure, MainProcessHook):
         self.draw_time, self.n_draws, self.setup_time, self.metric_names = 0.0, 0, 0.0, []
 
     def before_fit(self):
-        self.active = _resolve_mode(self.mode)
+        self.active = resolve_mode(self.mode)
         self.draw_time, self.n_draws, self.setup_time, self.view = 0.0, 0, 0.0, None
         self._next = math.inf
         if self.active == 'off' or (self.active == 'text' and self.path is None): return   # nothing to draw
-        from trainer_nb.recorder import Recorder, Binned
         try: rec = self.trainer.get_hook(Recorder)
         except LookupError as e:
             raise LookupError("LivePlot draws what a Recorder records: add trainer_nb.recorder.Recorder "
@@ -286,7 +270,7 @@ class LivePlot(_PlotDrawing, _PlotCurves, _PlotFigure, MainProcessHook):
         self._t0, self._it0 = time.perf_counter(), st.iteration
         self._its = (st.epochs - st.epoch) * st.n_batches   # batches in this fit (0: unknown)
         if self.active == 'widget' or self.save_every_draw: self._next = self._t0 + self.every
-    def after_step(self):
+    def after_batch(self):
         if time.perf_counter() >= self._next: self._live_redraw()   # 'off', or 'text' without saving: never
     def after_epoch(self):
         st = self.trainer.state

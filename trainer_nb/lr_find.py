@@ -14,7 +14,7 @@ __all__ = ['MIN_POINTS', 'SUGGESTIONS', 'START_CUT', 'NOISE_Z', 'MIN_READ', 'REA
 
 # %% ../nbs/05_lr_find.ipynb #82eecdd7
 import numpy as np
-from .core import Trainer, Hook, CancelFit, LossLog
+from .base import CancelFit, Hook, LossLog, Smoother
 
 # %% ../nbs/05_lr_find.ipynb #ee9e32a9
 MIN_POINTS = 5   # a curve with fewer usable points gives no suggestion
@@ -200,15 +200,11 @@ def suggest_sweep(reading: SweepReading, methods=tuple(SUGGESTIONS)) -> tuple[di
 
 # %% ../nbs/05_lr_find.ipynb #407d5c78
 class _Sweep(Hook):
-    "Private hook of `lr_find`: sets the LR each step, records the loss, decides when to stop."
-    def __init__(self, lrs: list[float], beta: float, div: float, bar=None):
-        self.sched, self.beta, self.div, self.bar = lrs, beta, div, bar
-        self.lrs, self.raw, self.smooth = [], [], []
-        self.avg, self.best, self.acc, self.n, self.stop, self.epoch_points = 0.0, math.inf, None, 0, None, 0
-
-    def before_fit(self):
-        groups = self.trainer.opt.param_groups
-        self.ratios = [g['lr'] / groups[0]['lr'] for g in groups]
+    "Private hook of `lr_find`: sets the LR before each optimizer step, records the loss after it, stops the sweep."
+    def __init__(self, lrs: list[float], ratios: list[float], beta: float, div: float, bar=None):
+        self.sched, self.ratios, self.div, self.bar = lrs, ratios, div, bar
+        self.lrs, self.raw, self.smooth, self.smoother = [], [], [], Smoother(beta)
+        self.best, self.acc, self.n, self.stop, self.epoch_points = math.inf, None, 0, None, 0
 
     def before_epoch(self): self.epoch_points = 0
 
@@ -223,9 +219,7 @@ class _Sweep(Hook):
 
     def after_step(self):
         t = self.trainer
-        t.losses.truncate(t.losses.n_host)   # the sweep's stand-in log: nothing to keep
-        if t.grad_accum > 1 and not t.accelerator.sync_gradients: return
-        if self.acc is None: return   # the batch was cancelled before its loss
+        if self.acc is None: return   # no loss in this step's batches (cancelled before it)
         loss = self.acc / self.n
         if t.accelerator.num_processes > 1: loss = t.accelerator.reduce(loss, 'mean')
         loss, self.acc, self.n = loss.item(), None, 0
@@ -234,13 +228,17 @@ class _Sweep(Hook):
         self.epoch_points += 1
         if self.bar is not None: self.bar.update(1)
         if not math.isfinite(loss): self._stop('the loss became NaN or infinite')
-        self.avg = self.beta * self.avg + (1 - self.beta) * loss
-        smooth = self.avg / (1 - self.beta ** len(self.raw))
+        smooth = float(self.smoother.update([loss])[-1])
         self.smooth.append(smooth)
         self.best = min(self.best, smooth)
         if self.best > 0 and smooth > self.div * self.best:   # a ratio to a best <= 0 means nothing (see above)
             self._stop(f'the smoothed loss exceeded {self.div:g}x its best')
         if len(self.lrs) == len(self.sched): self._stop('done')
+
+    def after_batch(self):
+        t = self.trainer
+        t.losses.truncate(t.losses.n_host)   # the sweep's stand-in log: nothing to keep
+        if t.grad_accum == 1 or t.accelerator.sync_gradients: self.acc, self.n = None, 0   # a group with no step
 
     def after_epoch(self):
         if self.epoch_points == 0: self._stop('the dataloader yielded no full optimizer step')
@@ -449,11 +447,12 @@ def _read_into(res: LRFindResult, methods):
     else: sugg, fallback = suggest_sweep(r, methods)
     res.suggestions, res.reading, res.reliable, res.reason, res.fallback = sugg, r, r.reliable, r.reason, fallback
 
-def lr_find(trainer: Trainer, start_lr: float = 1e-7, end_lr: float = 10, num_it: int = 100, beta: float = 0.98,
+def lr_find(trainer, start_lr: float = 1e-7, end_lr: float = 10, num_it: int = 100, beta: float = 0.98,
             div: float = 4., show: bool = True, suggest_funcs=None) -> LRFindResult:
-    """`trainer.lr_find(...)`: sweep the LR exponentially from `start_lr` to `end_lr` over `num_it` optimizer steps,
-    restore everything and suggest LRs (`suggest_funcs`: names from `SUGGESTIONS`, or `name -> func`; None: all). A
-    sweep that stops before `MIN_POINTS` usable steps raises a `ValueError` whose `result` holds the curve so far."""
+    """`trainer.lr_find(...)` (`trainer`: a `Trainer`): sweep the LR exponentially from `start_lr` to `end_lr` over
+    `num_it` optimizer steps, restore everything and suggest LRs (`suggest_funcs`: names from `SUGGESTIONS`, or
+    `name -> func`; None: all). A sweep that stops before `MIN_POINTS` usable steps raises a `ValueError` whose
+    `result` holds the curve so far."""
     self = trainer
     if suggest_funcs is None: suggest_funcs = tuple(SUGGESTIONS)
     if not (0 < start_lr < end_lr): raise ValueError(f"Need 0 < start_lr < end_lr, got {start_lr!r} and {end_lr!r}")
@@ -463,7 +462,7 @@ def lr_find(trainer: Trainer, start_lr: float = 1e-7, end_lr: float = 10, num_it
     if not (0 <= beta < 1): raise ValueError(f"beta must be in [0, 1), got {beta!r}")
     if not div > 1: raise ValueError(f"div must be > 1, got {div!r}")
     if self.fitting: raise RuntimeError("Can't run lr_find while fit is running")
-    if getattr(self, 'manual', False):
+    if self.manual:
         raise ValueError("lr_find can't sweep a trainer with manual=True: its train_step steps the optimizers itself. "
                          "Try LRs with short fits instead, or run lr_find on a trainer with the loop's own step")
     unknown = [] if isinstance(suggest_funcs, dict) else [m for m in suggest_funcs if m not in SUGGESTIONS]
@@ -477,7 +476,8 @@ def lr_find(trainer: Trainer, start_lr: float = 1e-7, end_lr: float = 10, num_it
     if show and main:
         from tqdm.auto import tqdm
         bar = tqdm(total=num_it, desc='lr_find', leave=False)
-    sweep = _Sweep(sched, beta, div, bar)
+    lrs = trainer.lrs
+    sweep = _Sweep(sched, [l / lrs[0] for l in lrs], beta, div, bar)
     try: n = len(dl)
     except TypeError: n = 0
     try:

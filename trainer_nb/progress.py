@@ -7,12 +7,12 @@ from __future__ import annotations
 import html, itertools, math, os, sys, time, warnings
 
 # %% auto #0
-__all__ = ['MODES', 'VIEWS', 'detect_mode', 'LossTail', 'auto_beta', 'SmoothedLoss', 'fmt_time', 'results_table', 'results_html',
-           'send_views_to', 'RemoteView', 'open_view', 'Dashboard', 'Progress']
+__all__ = ['MODES', 'VIEWS', 'detect_mode', 'resolve_mode', 'display_handle', 'LossTail', 'auto_beta', 'fmt_time',
+           'results_table', 'results_html', 'send_views_to', 'RemoteView', 'open_view', 'Dashboard', 'Progress']
 
 # %% ../nbs/03_progress.ipynb #74f30a3d
 import torch
-from .core import MainProcessHook, CancelFit
+from .base import MainProcessHook, CancelFit, Smoother
 
 # %% ../nbs/03_progress.ipynb #2863683d
 MODES = ('auto', 'widget', 'text', 'off')
@@ -26,7 +26,8 @@ def detect_mode() -> str:
     except ImportError: return 'text'
     return 'widget'
 
-def _resolve_mode(mode: str) -> str:
+def resolve_mode(mode: str) -> str:
+    "The display mode `mode` stands for: itself, or `detect_mode()` for 'auto' (a `ValueError` if not in `MODES`)."
     if mode not in MODES: raise ValueError(f"mode must be one of {MODES}, got {mode!r}")
     return detect_mode() if mode == 'auto' else mode
 
@@ -35,7 +36,7 @@ def _shell_active() -> bool:
     ip = sys.modules.get('IPython')
     return ip is not None and ip.get_ipython() is not None
 
-def _display(obj):
+def display_handle(obj):
     "Display `obj` with a handle to replace it later; None when there is nowhere to display."
     if not _shell_active(): return None
     from IPython.display import display
@@ -57,22 +58,6 @@ class LossTail:
 def auto_beta(n: int | None, most: int = 50) -> float:
     "A smoothing factor whose window is about a twentieth of `n` steps (at most `most`): a short fit's curve keeps up."
     return 1 - 1 / min(max((n or 20 * most) / 20, 1), most)
-
-class SmoothedLoss:
-    "Debiased exponential moving average of a stream of losses."
-    def __init__(self, beta: float = 0.98): self.beta, self.avg, self.count = beta, 0.0, 0
-
-    def update(self, vals: torch.Tensor, skipped: int = 0):
-        "Add `vals` (the last ones of `skipped + len(vals)` new losses: the older ones have decayed away anyway)."
-        b = self.beta
-        for v in vals.tolist():
-            if math.isfinite(v): self.avg = b * self.avg + (1 - b) * v
-        self.count += skipped + len(vals)
-        return self
-
-    @property
-    def value(self) -> float:
-        return self.avg / (1 - self.beta ** self.count) if self.count else float('nan')
 
 # %% ../nbs/03_progress.ipynb #2cb8fab1
 def fmt_time(t: float) -> str:
@@ -121,7 +106,7 @@ class RemoteView:
     "Stands for a view built in another process: each method call is sent there as `('call', key, method, args)`."
     _keys = itertools.count()
 
-    def __init__(self, send, cls: str, args: tuple = ()):   # cls: 'module:Class', imported where it is built
+    def __init__(self, send, cls: type, args: tuple = ()):   # cls: the view's class, built where it is shown
         self._send, self.key = send, (os.getpid(), next(self._keys))
         send(('open', self.key, cls, tuple(args)))
 
@@ -132,7 +117,7 @@ class RemoteView:
 def open_view(name: str, *args):
     "The view `name` built with `args`: here, or in the notebook's kernel when this process is a launched worker."
     cls = VIEWS[name]
-    return cls(*args) if _send is None else RemoteView(_send, f"{cls.__module__}:{cls.__qualname__}", args)
+    return cls(*args) if _send is None else RemoteView(_send, cls, args)
 
 # %% ../nbs/03_progress.ipynb #0e3a32b3
 class Dashboard:
@@ -147,7 +132,7 @@ class Dashboard:
         self.w_box = W.VBox([W.HBox([lab('epoch'), self.w_epoch_bar, self.w_epoch_txt]),
                              W.HBox([lab('batch'), self.w_batch_bar, self.w_batch_txt]), self.w_table])
         self.w_box.add_class('trainer-nb-progress')
-        self.handle = _display(self.w_box)
+        self.handle = display_handle(self.w_box)
 
     def update(self, epoch: int, epoch_text: str, batch: int | None, batch_text: str, table: str | None = None):
         "Set the bars (`batch=None` leaves the batch bar as it is), their texts and, when given, the table's HTML."
@@ -170,9 +155,7 @@ class _ProgressNumbers:
     def snapshot(self) -> dict:
         "What the dashboard shows now: counters, times, ETA and the smoothed loss."
         s, now = self.trainer.state, time.perf_counter()
-        before = self.tail.seen
-        vals = self.tail.new(keep=2000)
-        self.smooth.update(vals, skipped=max(0, self.tail.seen - before - len(vals)))
+        self.smooth.update(self.tail.new(keep=2000).numpy())   # older ones have decayed away (beta**2000)
         n, b = s.n_batches, s.iteration - self.it_epoch0   # batches done in this epoch
         el_ep = now - self.t_epoch
         rate = b / el_ep if el_ep > 0 and b else float('nan')
@@ -277,19 +260,19 @@ class Progress(_ProgressNumbers, _ProgressWidgets, _ProgressText, MainProcessHoo
     def __init__(self, mode: str = 'auto', every: float = 0.3,
                  beta: float | None = None,   # loss smoothing; None: `auto_beta` of the fit's batches
                  file=None):
-        _resolve_mode(mode)   # check it now; decide at each fit
+        resolve_mode(mode)   # check it now; decide at each fit
         self.mode, self.every, self.beta, self.file = mode, every, beta, file
         self.rows, self.n_draws, self.draw_time, self.active, self.view = [], 0, 0.0, None, None
 
     def before_fit(self):
         tr, s = self.trainer, self.trainer.state
-        self.active = _resolve_mode(self.mode)
+        self.active = resolve_mode(self.mode)
         self.rows, self.status, self.n_draws, self.draw_time = [], None, 0, 0.0
         self.first_epoch, self.n_epochs = s.epoch, s.epochs - s.epoch
         self.t_fit = self.t_epoch = time.perf_counter()
         self.it_epoch0, self._next = s.iteration, (math.inf if self.active == 'off' else 0.0)
         beta = self.beta if self.beta is not None else auto_beta(self.n_epochs * s.n_batches)
-        self.tail, self.smooth = LossTail(tr.losses), SmoothedLoss(beta)
+        self.tail, self.smooth = LossTail(tr.losses), Smoother(beta)
         if self.active == 'widget': self._widget_start()
         elif self.active == 'text': self._text_header_done, self._bar = False, None
 
@@ -300,7 +283,7 @@ class Progress(_ProgressNumbers, _ProgressWidgets, _ProgressText, MainProcessHoo
         if self.active == 'text': self._text_new_bar()
         self.redraw()
 
-    def after_step(self):
+    def after_batch(self):
         if time.perf_counter() >= self._next: self.redraw()   # 'off' keeps _next at infinity
 
     def before_valid(self):

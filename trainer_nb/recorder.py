@@ -11,7 +11,7 @@ __all__ = ['Recorder', 'Binned']
 
 # %% ../nbs/01_recorder.ipynb #b6e98ae6
 import numpy as np
-from .core import Hook, _plain
+from .base import Hook, Smoother, to_plain
 
 # %% ../nbs/01_recorder.ipynb #3562dd8a
 class _Buf:
@@ -84,14 +84,9 @@ def _new_ax(ax, figsize=(6, 3.5)):
     plt.close(fig)   # not shown twice in a notebook: the returned figure is displayed once
     return ax
 
-def _ema(x: np.ndarray, beta: float) -> np.ndarray:
-    import pandas as pd
-    if not beta: return x
-    return pd.Series(x).ewm(alpha=1 - beta, adjust=True, ignore_na=True).mean().to_numpy()
-
 # %% ../nbs/01_recorder.ipynb #e806ef37
 def _momentum_key(g: dict) -> str | None:
-    "The key of the momentum an optimizer uses in a param group: Adam's `betas` (β₁), a `momentum` above 0; else None."
+    "The momentum's key in a param group: Adam's `betas` (β₁), or a `momentum` above 0; else None."
     if 'betas' in g: return 'betas'
     if g.get('momentum', 0): return 'momentum'   # SGD (or RMSprop) with momentum=0 has none to record
     return None
@@ -103,38 +98,41 @@ class _RecorderEvents:
         self._pgs = t.opt.optimizer.param_groups if hasattr(t.opt, 'optimizer') else t.opt.param_groups
         self._mom_key = _momentum_key(self._pgs[0])
         self._forget_lost()
-        self._lo = len(t.losses)
+        self._lo, self._cur = len(t.losses), None
 
-    def after_backward(self):
-        # the LR and momentum the optimizer is about to step with (after every hook's before_step)
+    def before_step(self):
+        "Read the LR and momentum the optimizer is about to step with (after lower-order hooks set them)."
         pgs, k = self._pgs, self._mom_key
-        lrs = [float(g['lr']) for g in pgs]
-        self._cur = (lrs, None if k is None else float(pgs[0][k][0] if k == 'betas' else pgs[0][k]))
+        mom = None if k is None else float(pgs[0][k][0] if k == 'betas' else pgs[0][k])
+        self._cur = (self.trainer.state.step + 1, [float(g['lr']) for g in pgs], mom)
 
-    def after_step(self):
+    def after_step(self): self._note(self.trainer.state.iteration)   # (the batch is counted before its step)
+
+    def after_batch(self):
         t = self.trainer
-        s = t.state
-        if s.opt_stepped:
-            end = len(t.losses)
-            self._new.append((s.step, s.iteration, end, end - self._lo, *self._cur))   # into the buffers in blocks
-            self._lo = end
-        elif t.grad_accum == 1 or t.accelerator.sync_gradients:
-            self._lo = len(t.losses)   # a batch that ended a step but did not step: its losses belong to no step
+        if self._cur is not None and self._cur[0] == t.state.step:   # the step's after_step was cut short
+            self._note(t.state.iteration)
+        if t.grad_accum == 1 or t.accelerator.sync_gradients:
+            self._lo = len(t.losses)   # a group that ended without a step: its losses belong to no step
+
+    def _note(self, iteration: int):
+        "Note the step just taken, in batch number `iteration`, with what `before_step` read (buffered in blocks)."
+        t = self.trainer
+        end = len(t.losses)
+        self._new.append((t.state.step, iteration, end, end - self._lo, *self._cur[1:]))
+        self._lo, self._cur = end, None
         if len(self._new) >= 1024: self._materialize()   # (the losses stay in the trainer's log until then)
 
     def after_epoch(self):
-        self._epochs.append({k: _plain(v) for k, v in self.trainer.epoch_results.items()})
+        self._epochs.append({k: to_plain(v) for k, v in self.trainer.epoch_results.items()})
         self._epoch_step.append(self.trainer.state.step)
         self._materialize()
 
     def after_fit(self):
-        t = self.trainer
-        s = t.state
-        self._commit()
-        if s.opt_stepped and (not len(self._step) or self._step.a[-1] != s.step):
-            # the last batch stepped, but a hook that runs before this one stopped the fit in after_step
-            end = len(t.losses)
-            self._new.append((s.step, s.iteration, end, end - self._lo, *self._cur))
+        # the last step was taken, but a hook that runs before this one stopped the fit in after_step
+        s = self.trainer.state
+        if self._cur is not None and self._cur[0] == s.step: self._note(s.iteration)
+        self._cur = None
         self._forget_lost()
         self._materialize()
 
@@ -252,7 +250,7 @@ class _RecorderReading:
 class _RecorderPlots:
     "The `Recorder`'s static plots."
     def plot_loss(self, smooth: float = 0.9, log: bool = False, max_points: int = 1000, ax=None):
-        "Train loss per step (raw, and smoothed by an EMA of factor `smooth`) and valid loss per epoch."
+        "Train loss per step (raw, and smoothed by a `Smoother` of factor `smooth`) and valid loss per epoch."
         self._sync()
         ax = _new_ax(ax)
         n = len(self._loss)
@@ -260,7 +258,7 @@ class _RecorderPlots:
         if n:
             xs = _bucket_means(steps, max_points)
             ax.plot(xs, _bucket_means(loss, max_points), alpha=0.3, color='C0')
-            ax.plot(xs, _bucket_means(_ema(loss, smooth), max_points), color='C0', label='train')
+            ax.plot(xs, _bucket_means(Smoother(smooth).update(loss), max_points), color='C0', label='train')
         vs, vl = self.per_epoch('valid_loss')
         if len(vs): ax.plot(vs, vl, 'o-', color='C1', label='valid')
         if log: ax.set_yscale('log')
@@ -302,7 +300,7 @@ class Recorder(_RecorderEvents, _RecorderBooks, _RecorderReading, _RecorderPlots
         self._p_end, self._p_n = _Buf(np.int64), _Buf(np.int32)  # loss-log stretch of each step not yet in _loss
         self._new = []                            # steps noted since the last `_commit`, as tuples
         self._epochs, self._epoch_step = [], []
-        self._lo, self._cur = 0, ((), None)
+        self._lo, self._cur = 0, None             # `_cur`: (step, LRs, momentum) read in before_step
         self._pgs, self._mom_key = [], None
 
     def state_dict(self) -> dict:

@@ -6,7 +6,7 @@
 from __future__ import annotations
 
 # %% auto #0
-__all__ = ['PlateauLR', 'ModelSummary', 'model_summary', 'largest_batch_size']
+__all__ = ['group_lrs', 'PlateauLR', 'few_batches', 'quick_fit', 'ModelSummary', 'model_summary', 'largest_batch_size']
 
 # %% ../nbs/15_workflow.ipynb #e43b14d9
 import html
@@ -14,7 +14,115 @@ from collections.abc import Mapping
 import torch
 from accelerate.utils import find_executable_batch_size, send_to_device
 from torch.optim.lr_scheduler import ReduceLROnPlateau
-from .core import Hook, rng_state, set_rng_state
+import itertools
+from torch.utils.data import IterableDataset
+from .base import EVENTS, Hook, check_idle, rng_state, set_rng_state
+
+# %% ../nbs/15_workflow.ipynb #79b6b2b5
+def _positive(out: list, lr) -> list[float]:
+    if not all(isinstance(v, (int, float)) and v > 0 for v in out):
+        raise ValueError(f"learning rates must be positive numbers, got {lr!r}")
+    return [float(v) for v in out]
+
+def group_lrs(lr, lrs: list[float]) -> list[float]:
+    """The base LRs of the groups (now `lrs`) once `lr` is set: a number scales every group, keeping their ratios to
+    the first; a list gives one per group; `slice(lo, hi)` spreads them from `lo` to `hi`, `slice(hi)` gives the last
+    group `hi` and the others `hi / 10`."""
+    n = len(lrs)
+    if isinstance(lr, slice):
+        if lr.step is not None: raise ValueError(f"lr=slice(lo, hi) takes no step, got {lr!r}")
+        hi = lr.stop
+        _positive([1 if lr.start is None else lr.start, hi], lr)
+        if lr.start is None: return _positive([hi / 10] * (n - 1) + [hi], lr)
+        if n == 1: return _positive([hi], lr)
+        return _positive([lr.start * (hi / lr.start) ** (i / (n - 1)) for i in range(n)], lr)
+    if isinstance(lr, (list, tuple)):
+        if len(lr) != n: raise ValueError(f"lr has {len(lr)} values for {n} parameter groups: give one per group")
+        return _positive(list(lr), lr)
+    if not (isinstance(lr, (int, float)) and lr > 0): raise ValueError(f"lr must be a positive number, got {lr!r}")
+    scale = lr / lrs[0]
+    return [b * scale for b in lrs]
+
+# %% ../nbs/15_workflow.ipynb #4b0e8136
+def _matches(name: str, prefix: str) -> bool:
+    return prefix == '' or name == prefix or name.startswith(prefix + '.')
+
+def _group_names(t, item) -> list[str]:
+    "Module-name prefixes of a group given as a prefix, a module, or a list of these."
+    if isinstance(item, str): return [item]
+    if isinstance(item, torch.nn.Module):
+        names = [n for n, m in t.unwrapped_model.named_modules() if m is item]
+        if not names: raise ValueError(f"{type(item).__name__} is not a module of this trainer's model")
+        return names[:1]
+    if isinstance(item, (list, tuple)): return [n for i in item for n in _group_names(t, i)]
+    raise TypeError(f"A parameter group is a module-name prefix, a module or a list of them, got {item!r}")
+
+def _params_of(t, which) -> list:
+    "The parameters of each group index and module-name prefix in `which`."
+    groups, out = t.opt.param_groups, []
+    for w in which:
+        if isinstance(w, int):
+            if not -len(groups) <= w < len(groups):
+                raise IndexError(f"No parameter group {w}: the optimizer has {len(groups)}")
+            out += groups[w]['params']
+        elif isinstance(w, str):
+            found = [p for n, p in t.unwrapped_model.named_parameters() if _matches(n, w)]
+            if not found: raise ValueError(f"No parameters under module {w!r}")
+            out += found
+        else: raise TypeError(f"freeze/unfreeze take group indices or module-name prefixes, got {w!r}")
+    return out
+
+# %% ../nbs/15_workflow.ipynb #75015f93
+def split(trainer, *groups):
+    "`trainer.split(...)`: one optimizer parameter group per argument (body first, head last); see above."
+    check_idle(trainer, 'split the parameters')
+    if not groups: raise ValueError("split needs at least one group: module-name prefixes or modules")
+    prefixes = [_group_names(trainer, g) for g in groups]
+    members, unmatched = [[] for _ in groups], []
+    for name, p in trainer.unwrapped_model.named_parameters():
+        best = max(((len(pre), i) for i, ps in enumerate(prefixes) for pre in ps if _matches(name, pre)), default=None)
+        if best is None: unmatched.append(name)
+        else: members[best[1]].append(p)
+    if unmatched:
+        raise ValueError(f"{len(unmatched)} parameters are in no group (e.g. {unmatched[:3]}): name their modules, "
+                         "or add '' for a group of everything else")
+    empty = [groups[i] for i, m in enumerate(members) if not m]
+    if empty: raise ValueError(f"No parameters in group(s) {empty}: check the module names")
+    opt, lr = trainer.opt.optimizer, trainer.lr
+    settings = {k: v for k, v in opt.param_groups[0].items() if k not in ('params', 'initial_lr')}
+    opt.param_groups.clear()   # in place: hooks may hold the list
+    for m in members: opt.add_param_group({**settings, 'params': m, 'lr': lr})
+    trainer.lr = [lr] * len(members)
+    return trainer
+
+def freeze(trainer, *which):
+    "`trainer.freeze(...)`: stop training the groups or modules given; with none, every group but the last."
+    check_idle(trainer, 'freeze parameters')
+    if not which:
+        n = len(trainer.opt.param_groups)
+        if n < 2: raise ValueError("freeze() freezes every parameter group but the last, and there is one group: "
+                                   "split the model first (trainer.split('body', 'head')), or name what to freeze")
+        which = tuple(range(n - 1))
+    for p in _params_of(trainer, which): p.requires_grad_(False)
+    return trainer
+
+def unfreeze(trainer, *which):
+    "`trainer.unfreeze(...)`: train again the groups or modules given; with none, every parameter."
+    check_idle(trainer, 'unfreeze parameters')
+    params = _params_of(trainer, which) if which else list(trainer.unwrapped_model.parameters())
+    for p in params: p.requires_grad_(True)
+    return trainer
+
+def fine_tune(trainer, epochs: int, base_lr: float = 2e-3, freeze_epochs: int = 1, lr_mult: float = 100.,
+              pct_start: float = 0.3, div: float = 5., **kw):
+    """`trainer.fine_tune(...)`: the last group alone for `freeze_epochs` (one cycle at `base_lr`), then every group
+    for `epochs` (one cycle at `slice(base_lr / 2 / lr_mult, base_lr / 2)`). `kw` go to both `fit_one_cycle` calls."""
+    if freeze_epochs:
+        freeze(trainer)
+        try: trainer.fit_one_cycle(freeze_epochs, slice(base_lr), pct_start=0.99, **kw)
+        finally: unfreeze(trainer)
+    hi = base_lr / 2
+    trainer.fit_one_cycle(epochs, slice(hi / lr_mult, hi), pct_start=pct_start, div=div, **kw)
 
 # %% ../nbs/15_workflow.ipynb #17b364d1
 class PlateauLR(Hook):
@@ -55,6 +163,83 @@ class PlateauLR(Hook):
         if self.monitor not in res:
             raise KeyError(f"PlateauLR monitors {self.monitor!r}, not among this epoch's results {list(res)}")
         self._scheduler().step(float(res[self.monitor]))
+
+# %% ../nbs/15_workflow.ipynb #abab5025
+class _FirstBatches:
+    "A batch sampler yielding the first `n` batches of `batches` (an iterable of index lists) each time it is iterated."
+    def __init__(self, batches, n: int): self.batches, self.n = batches, n
+    def __iter__(self): return itertools.islice(iter(self.batches), self.n)
+    def __len__(self): return min(self.n, len(self.batches))
+
+def few_batches(dl, n: int, fixed: bool, what: str = 'limit_batches'):
+    "A `DataLoader` like `dl` with only its first `n` batches; `fixed`: the same ones every epoch, in dataset order."
+    if dl is None: return None
+    if not isinstance(dl, torch.utils.data.DataLoader) or isinstance(dl.dataset, IterableDataset):
+        raise TypeError(f"{what} needs a torch DataLoader over a dataset with a length, got {type(dl).__name__}")
+    if fixed and dl.batch_size is not None:
+        order = torch.utils.data.SequentialSampler(dl.dataset)
+        batches = list(itertools.islice(torch.utils.data.BatchSampler(order, dl.batch_size, dl.drop_last), n))
+    elif fixed: batches = list(itertools.islice(iter(dl.batch_sampler), n))
+    else: batches = _FirstBatches(dl.batch_sampler, n)
+    return torch.utils.data.DataLoader(dl.dataset, batch_sampler=batches, num_workers=dl.num_workers,
+                                       collate_fn=dl.collate_fn, pin_memory=dl.pin_memory,
+                                       worker_init_fn=dl.worker_init_fn)
+
+def _check_quick(limit_batches, overfit_batches, fast_dev_run, resume):
+    for k, v in (('limit_batches', limit_batches), ('overfit_batches', overfit_batches)):
+        if v is not None and not (isinstance(v, int) and v >= 1):
+            raise ValueError(f"{k} must be an int >= 1, got {v!r}")
+    given = [k for k, v in (('limit_batches', limit_batches), ('overfit_batches', overfit_batches),
+                            ('fast_dev_run', fast_dev_run)) if v]
+    if len(given) > 1: raise ValueError(f"Pass one of {', '.join(given)}, not several")
+    if given and resume is not None:
+        raise ValueError(f"{given[0]} is for a fresh fit: it can't be combined with resume=")
+
+# %% ../nbs/15_workflow.ipynb #1651b0b8
+def _spy(t, fired: set) -> list:
+    "Wrap each hook's event methods (as instance attributes) so that calling one notes `(hook key, event)` in `fired`."
+    undo = []
+    for key, h in t.hook_keys():
+        for e in EVENTS:
+            f = getattr(h, e, None)
+            if not callable(f): continue
+            def noted(f=f, key=key, e=e):
+                fired.add((key, e))
+                return f()
+            undo.append((h, e, h.__dict__.get(e, _spy)))
+            setattr(h, e, noted)
+    return undo
+
+def _unspy(undo):
+    for h, e, old in undo:
+        if old is _spy: del h.__dict__[e]
+        else: setattr(h, e, old)
+
+def _dev_run(t, lr):
+    train = few_batches(t.train_dl, 1, False, 'fast_dev_run')
+    valid = few_batches(t.valid_dl, 1, False, 'fast_dev_run')
+    fired = set()
+    with t.temporary(rewind=True, train_dl=train, valid_dl=valid, dev_run=True):
+        undo = _spy(t, fired)
+        try: t.fit(1, lr=lr)
+        finally: _unspy(undo)
+        loss, results = t.losses.mean(len(t.losses) - 1), dict(t.epoch_results)
+    t.dev_run_calls = fired
+    if t.is_main_process:
+        print(f"fast_dev_run: 1 training batch (loss {loss:.4g})" + (", 1 validation batch" if valid else "") +
+              f"; {len(fired)} hook calls; epoch results {sorted(results)}; the trainer is as it was", flush=True)
+    return t.describe_hooks()
+
+def quick_fit(trainer, epochs: int, lr=None, resume=None, limit_batches: int | None = None,
+              overfit_batches: int | None = None, fast_dev_run: bool = False):
+    "`trainer.fit(...)` with `limit_batches`, `overfit_batches` or `fast_dev_run` (see above)."
+    _check_quick(limit_batches, overfit_batches, fast_dev_run, resume)
+    if fast_dev_run: return _dev_run(trainer, lr)
+    n, fixed = (limit_batches, False) if limit_batches else (overfit_batches, True)
+    what = 'limit_batches' if limit_batches else 'overfit_batches'
+    train = few_batches(trainer.train_dl, n, fixed, what)
+    valid = train if fixed and trainer.valid_dl is not None else few_batches(trainer.valid_dl, n, fixed, what)
+    with trainer.temporary(train_dl=train, valid_dl=valid): trainer.fit(epochs, lr=lr)
 
 # %% ../nbs/15_workflow.ipynb #ef6cf253
 def _shape(o):
