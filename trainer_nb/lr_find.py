@@ -14,7 +14,7 @@ __all__ = ['MIN_POINTS', 'SUGGESTIONS', 'START_CUT', 'NOISE_Z', 'MIN_READ', 'REA
 
 # %% ../nbs/05_lr_find.ipynb #82eecdd7
 import numpy as np
-from .base import CancelFit, Hook, LossLog, Smoother
+from .base import CancelFit, Hook, LossLog, Smoother, check_idle
 
 # %% ../nbs/05_lr_find.ipynb #ee9e32a9
 MIN_POINTS = 5   # a curve with fewer usable points gives no suggestion
@@ -461,7 +461,7 @@ def lr_find(trainer, start_lr: float = 1e-7, end_lr: float = 10, num_it: int = 1
                          f"got {num_it!r}")
     if not (0 <= beta < 1): raise ValueError(f"beta must be in [0, 1), got {beta!r}")
     if not div > 1: raise ValueError(f"div must be > 1, got {div!r}")
-    if self.fitting: raise RuntimeError("Can't run lr_find while fit is running")
+    check_idle(self, "run lr_find")
     if self.manual:
         raise ValueError("lr_find can't sweep a trainer with manual=True: its train_step steps the optimizers itself. "
                          "Try LRs with short fits instead, or run lr_find on a trainer with the loop's own step")
