@@ -140,7 +140,7 @@ def lm(out):
     from hf_parts import argmax, by_hand, gpt2, lm_data, token_accuracy, top2_gap
     examples, collate = lm_data(37)
     model = gpt2()
-    t = Trainer(model, valid_dl=DataLoader(examples, batch_size=2, collate_fn=collate), default_hooks=False,
+    t = Trainer(model, valid_dl=DataLoader(examples, batch_size=4, collate_fn=collate), default_hooks=False,
                 metrics={'token_accuracy': token_accuracy, 'streaming_token_accuracy': TokenAccuracy()},
                 preprocess_preds=argmax)
     res = t.evaluate()
