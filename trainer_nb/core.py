@@ -789,7 +789,7 @@ def _gathered(acc, x, pad_index):
     return None if x is None else acc.gather_for_metrics(_pad_dims(acc, x, pad_index))
 
 def _cat_padded(xs: list, pad_index):
-    "The batches `xs` (tensors, or dicts, tuples and lists of them) concatenated, padded up to the longest with `pad_index`."
+    "The batches `xs` (tensors, or dicts, tuples and lists of them) joined, padded to the longest with `pad_index`."
     if not xs: return None
     x0 = xs[0]
     if isinstance(x0, Mapping): return type(x0)({k: _cat_padded([x[k] for x in xs], pad_index) for k in x0})
@@ -805,7 +805,7 @@ def _cat_padded(xs: list, pad_index):
         i += len(x)
     return out
 
-# %% ../nbs/00_core.ipynb #90e3d79e
+# %% ../nbs/00_core.ipynb #428a3fa6
 class _Keyed:
     "A metric given as `metrics={name: metric}`: its results are keyed by `name`."
     def __init__(self, name: str, metric): self.__name__, self.metric = name, metric
@@ -846,7 +846,7 @@ def _reset(m, device):
     if _torchmetrics(m) is not None: m.to(device)
     m.reset()
 
-# %% ../nbs/00_core.ipynb #1471ec86
+# %% ../nbs/00_core.ipynb #3565fa96
 def _update_streaming(metrics, preds, targets):
     for name, m in metrics:
         if targets is None: raise ValueError(f"Metric {name!r} needs targets, but the evaluation batches have none")
