@@ -4,7 +4,7 @@
 
 # %% ../nbs/00_core.ipynb #b5c8a14b
 from __future__ import annotations
-import contextlib, copy, itertools, math, time, traceback, warnings
+import contextlib, copy, inspect, itertools, math, sys, time, traceback, warnings
 from collections.abc import Mapping, Sequence
 
 # %% auto #0
@@ -14,13 +14,13 @@ __all__ = ['Trainer', 'log_scalar', 'PrintMetrics']
 import torch
 from torch.utils.data import IterableDataset
 from accelerate import Accelerator, skip_first_batches
-from accelerate.utils import DistributedType, concatenate
+from accelerate.utils import DistributedType, concatenate, honor_type, pad_across_processes, recursively_apply
 from accelerate.utils.memory import clear_device_cache
 
 # %% ../nbs/00_core.ipynb #6fe0eead
 from .base import (EVENTS, CancelBatch, CancelEpoch, CancelFit, Hook, MainProcessHook, EventCalls, LoopState, LossLog,
                    LoggedValues, RESERVED, annotate, batch_size, check_idle, has_len, hooks_of, name_of, rng_state,
-                   set_rng_state, to_cpu, to_plain, unknown_events)
+                   set_rng_state, to_cpu, unknown_events)
 from .schedule import one_cycle, cosine, constant
 from .recorder import Recorder
 from .progress import Progress
@@ -42,7 +42,10 @@ class Trainer:
                  eval_step=None,      # `eval_step(batch, trainer) -> {'loss'?, 'preds', 'targets'}`
                  opt_func=torch.optim.AdamW,  # optimizer factory `(params, lr=)`, or an optimizer instance
                  lr: float | None = None,  # 1e-3 unless given (an optimizer instance keeps its own LR)
-                 metrics=(),          # callables `(preds, targets) -> number`, or streaming metrics
+                 metrics=(),          # `(preds, targets) -> number` functions, torchmetrics: a list or {name: metric}
+                 preprocess_preds=None,  # `f(preds, targets) -> preds` per evaluation batch, first (e.g. an argmax)
+                 pad_index: int = -100,  # fills ragged predictions and targets up to the longest
+                 target_key: str = 'labels',  # with loss_func and dict batches: the key of the targets
                  hooks=(), default_hooks: bool = True,
                  scheduler=None,      # `scheduler(optimizer, total_steps) -> LRScheduler`, built at each fit
                  mixed_precision: str = 'no',  # 'no' | 'bf16' | 'fp16'
@@ -58,7 +61,9 @@ class Trainer:
         _check_args(model, mixed_precision, grad_accum, nan_policy, lr, metrics, optimizers, manual, train_step)
         self.accelerator = _accelerator(accelerator, mixed_precision, grad_accum, cpu, log_with, project_dir)
         self.grad_accum = grad_accum if accelerator is None else self.accelerator.gradient_accumulation_steps
-        self.loss_func, self.train_step, self.eval_step, self.metrics = loss_func, train_step, eval_step, list(metrics)
+        self.loss_func, self.train_step, self.eval_step = loss_func, train_step, eval_step
+        self.metrics, self.preprocess_preds, self.pad_index = _metric_list(metrics), preprocess_preds, pad_index
+        self.target_key, self._inputs = target_key, None   # (`_inputs`: what the model's forward takes, once read)
         self.max_grad_norm, self.nan_policy, self.sync_every = max_grad_norm, nan_policy, sync_every
         self.manual = manual
         self.scheduler_func, self.schedulers = scheduler, {}
@@ -255,14 +260,19 @@ class Trainer:
             if train: _check_loss(loss, "train_step's 'loss'")
             return loss, self.preds, out.get('targets')
         if self.loss_func is not None:
-            xs, y = _split(batch)
-            self.preds = self.model(*xs)
+            if isinstance(batch, Mapping):   # targets under `target_key`, the rest to the model by name
+                y = _targets_of(self, batch, train)
+                self.out = self.model(**_model_inputs(self, batch, skip=self.target_key))
+                self.preds = _logits(self.out)
+            else:
+                xs, y = _split(batch)
+                self.preds = self.model(*xs)
             if after_pred: self._calls.run('after_pred')
             loss = self.loss_func(self.preds, y) if train or y is not None else None
             return (_check_loss(loss, "loss_func's result") if train else loss), self.preds, y
         if not isinstance(batch, Mapping): raise TypeError(_NOT_A_DICT.format(type(batch).__name__))
-        out = self.out = self.model(**batch)
-        self.preds = out.get('logits', out) if isinstance(out, Mapping) else getattr(out, 'logits', out)
+        out = self.out = self.model(**_model_inputs(self, batch))
+        self.preds = _logits(out)
         if after_pred: self._calls.run('after_pred')
         loss = out.get('loss') if isinstance(out, Mapping) else getattr(out, 'loss', None)
         if train: _check_loss(loss, "the model's loss")
@@ -270,18 +280,22 @@ class Trainer:
 
     # ---- evaluation ----
     def evaluate(self, dl=None) -> dict:
-        "`{'valid_loss': ..., <metric>: ...}` over `dl` (default: `valid_dl`), gathered from all processes."
-        stream = [m for m in self.metrics if _is_streaming(m)]
-        for m in stream: m.reset()
+        "`{'valid_loss': ..., <metric>: ...}` over `dl` (default: `valid_dl`), over every process's samples."
+        items = _metric_items(self.metrics)
+        stream = [(n, m) for n, m, _ in items if _is_streaming(m)]
+        for _, m in stream: _reset(m, self.device)
         loss, preds, targets = _run_eval(self, dl if dl is not None else self.valid_dl,
-                                         keep_preds=len(stream) < len(self.metrics), stream=stream)
-        res = {'valid_loss': loss, **{name_of(m): to_plain(m.compute()) for m in stream}}
-        res.update(_plain_metrics(self, preds, targets))
+                                         keep_preds=len(stream) < len(items), stream=stream)
+        res = {'valid_loss': loss}
+        for name, m, keyed in items:
+            v = _computed(name, m) if _is_streaming(m) else _plain_metric(name, m, preds, targets)
+            _add_result(res, name, keyed, v)
         self.valid_results = res
         return res
 
     def predict(self, dl):
-        "`(preds, targets)` over `dl`, gathered from all processes, on the CPU (`targets` None if unlabelled)."
+        """`(preds, targets)` over `dl`, gathered from all processes, on the CPU (`targets` None if unlabelled);
+        `preprocess_preds` applied, ragged ones padded with `pad_index`."""
         _, preds, targets = _run_eval(self, dl, keep_preds=True)
         return preds, targets
 
@@ -509,11 +523,43 @@ def _split(batch):
     "`(inputs, targets)` of a batch: the last element of a tuple is the target; a lone tensor has none."
     if type(batch) is tuple and len(batch) == 2: return batch[:1], batch[1]   # the common case, first
     if isinstance(batch, torch.Tensor): return (batch,), None
-    if isinstance(batch, Sequence) and not isinstance(batch, str):
+    if isinstance(batch, Sequence) and not isinstance(batch, (str, bytes)) and len(batch):
         if len(batch) == 1: return tuple(batch), None
         return tuple(batch[:-1]), batch[-1]
-    raise TypeError(f"Can't split a batch of type {type(batch).__name__} into inputs and targets: "
-                    "use (x, y) tuples, dicts, or pass train_step=/eval_step=")
+    what = f"an empty {type(batch).__name__}" if isinstance(batch, Sequence) else f"a {type(batch).__name__}"
+    raise TypeError(f"Can't split the batch into inputs and targets for loss_func: got {what}, expected an (x, y) "
+                    "tuple or list (or (x1, ..., xn, y)), a tensor (inputs alone), or a dict (the targets under "
+                    "target_key, 'labels' by default); for anything else pass train_step= and eval_step=")
+
+def _targets_of(t, batch, train: bool):
+    "The targets of dict `batch` (under `target_key`); training with `loss_func` needs them."
+    y = batch.get(t.target_key)
+    if y is None and train:
+        raise KeyError(f"loss_func needs targets, and the dict batch has no {t.target_key!r} (its keys: "
+                       f"{', '.join(map(repr, batch))}): pass target_key= naming the key of the targets")
+    return y
+
+def _logits(out):
+    "The predictions in a model's output: its `.logits` (or `['logits']`) when it has them, else the output itself."
+    return out.get('logits', out) if isinstance(out, Mapping) else getattr(out, 'logits', out)
+
+def _model_inputs(t, batch, skip=None) -> dict:
+    """The items of dict `batch` the model's `forward` takes by name (`skip` left out). Its signature is read once
+    (again for another model); the keys it doesn't name are dropped, with one warning naming them."""
+    if t._inputs is None or t._inputs[0] is not t.model:
+        sig = inspect.signature(t.unwrapped_model.forward).parameters.values()
+        names = {p.name for p in sig if p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY)}
+        t._inputs = (t.model, names or None, set())   # (no named argument, only **kwargs: everything goes)
+    _, names, noted = t._inputs
+    if names is None and skip is None: return batch
+    keep = {k: v for k, v in batch.items() if k != skip and (names is None or k in names)}
+    dropped = tuple(k for k in batch if k != skip and k not in keep)
+    if dropped and dropped not in noted:
+        noted.add(dropped)
+        if t.is_main_process:
+            warnings.warn(f"Batch keys {', '.join(map(repr, dropped))} dropped: {type(t.unwrapped_model).__name__}"
+                          ".forward takes no argument of that name", stacklevel=4)
+    return keep
 
 def _check_out(out, what='train_step') -> dict:
     if not isinstance(out, Mapping):
@@ -727,39 +773,128 @@ def _real_rows(acc, bs: int) -> int:
     if acc.num_processes == 1 or not acc.gradient_state.end_of_dataloader or rem <= 0: return bs
     return max(0, min(bs, rem - acc.process_index * bs))
 
+def _rows(x, n: int):
+    "The first `n` rows of `x` (of each tensor in it)."
+    return recursively_apply(lambda v: v[:n], x) if x is not None else None
+
+def _pad_dims(acc, x, pad_index):
+    "`x` padded at the end of every dimension but the first to the largest size of any process (to be gathered)."
+    def pad(v):
+        for d in range(1, v.ndim): v = pad_across_processes(v, dim=d, pad_index=pad_index)
+        return v
+    return recursively_apply(pad, x) if acc.num_processes > 1 else x
+
+def _gathered(acc, x, pad_index):
+    "`x` from every process (the duplicates that even out the last batch dropped), ragged dimensions padded first."
+    return None if x is None else acc.gather_for_metrics(_pad_dims(acc, x, pad_index))
+
+def _cat_padded(xs: list, pad_index):
+    "The batches `xs` (tensors, or dicts, tuples and lists of them) joined, padded to the longest with `pad_index`."
+    if not xs: return None
+    x0 = xs[0]
+    if isinstance(x0, Mapping): return type(x0)({k: _cat_padded([x[k] for x in xs], pad_index) for k in x0})
+    if isinstance(x0, (list, tuple)): return honor_type(x0, (_cat_padded([x[i] for x in xs], pad_index)
+                                                             for i in range(len(x0))))
+    if not isinstance(x0, torch.Tensor) or x0.ndim == 0 or len({x.ndim for x in xs}) > 1:
+        return concatenate(xs)   # (its error for what it can't join)
+    shape = [max(s) for s in zip(*(x.shape for x in xs))]
+    if all(x.shape[1:] == x0.shape[1:] for x in xs): return torch.cat(xs)
+    out, i = x0.new_full((sum(len(x) for x in xs), *shape[1:]), pad_index), 0
+    for x in xs:
+        out[(slice(i, i + len(x)), *map(slice, x.shape[1:]))] = x
+        i += len(x)
+    return out
+
+# %% ../nbs/00_core.ipynb #428a3fa6
+class _Keyed:
+    "A metric given as `metrics={name: metric}`: its results are keyed by `name`."
+    def __init__(self, name: str, metric): self.__name__, self.metric = name, metric
+    def __call__(self, preds, targets): return self.metric(preds, targets)
+    def __repr__(self): return f"{self.__name__}: {self.metric!r}"
+
 def _is_streaming(m) -> bool:
     "Is `m` a streaming metric (methods `reset`, `update`, `compute`) rather than a `(preds, targets)` callable?"
     return all(callable(getattr(m, k, None)) for k in ('reset', 'update', 'compute'))
 
+def _torchmetrics(m):
+    "torchmetrics, if `m` is one of its metrics or collections (it is imported only if the user imported it)."
+    tm = sys.modules.get('torchmetrics')
+    return tm if tm is not None and isinstance(m, (tm.Metric, tm.MetricCollection)) else None
+
+def _metric_list(metrics) -> list:
+    "`metrics=` as a list: a dict's metrics as `_Keyed`; a single metric in a list of its own."
+    if isinstance(metrics, Mapping):
+        bad = [k for k in metrics if not (isinstance(k, str) and k)]
+        if bad: raise TypeError(f"metrics={{name: metric}} needs non-empty string names, got {bad!r}")
+        return [_Keyed(k, m) for k, m in metrics.items()]
+    if _is_streaming(metrics) or callable(metrics): return [metrics]
+    if isinstance(metrics, (str, bytes)) or not isinstance(metrics, (Sequence, set, frozenset)):
+        raise TypeError(f"metrics must be a list of metrics or a {{name: metric}} dict, got {metrics!r}")
+    return list(metrics)
+
+def _metric_items(metrics) -> list:
+    "`(name, metric, keyed)` for each metric of `_metric_list(metrics)`."
+    return [(m.__name__, m.metric, True) if isinstance(m, _Keyed) else (name_of(m), m, False) for m in metrics]
+
+def _result_names(name, m, keyed) -> list:
+    "The keys the results of metric `m` will have, as far as known before computing it."
+    tm = _torchmetrics(m)
+    if tm is None or not isinstance(m, tm.MetricCollection): return [name]
+    return [f"{name}_{k}" if keyed else k for k in m.keys(keep_base=False)]
+
+def _reset(m, device):
+    if _torchmetrics(m) is not None: m.to(device)
+    m.reset()
+
+# %% ../nbs/00_core.ipynb #3565fa96
 def _update_streaming(metrics, preds, targets):
-    for m in metrics:
+    for name, m in metrics:
+        if targets is None: raise ValueError(f"Metric {name!r} needs targets, but the evaluation batches have none")
         try: m.update(preds, targets)
         except Exception as e:
-            annotate(e, f"raised by streaming metric {name_of(m)!r} in update(preds, targets)")
+            annotate(e, f"raised by streaming metric {name!r} in update(preds, targets)")
             raise
 
-def _plain_metrics(t, preds, targets) -> dict:
-    "The `(preds, targets)` metrics over the gathered predictions."
-    res = {}
-    for m in t.metrics:
-        if _is_streaming(m): continue
-        name = name_of(m)
-        if targets is None: raise ValueError(f"Metric {name!r} needs targets, but the evaluation batches have none")
-        try: v = m(preds, targets)
-        except Exception as e:
-            shape = lambda x: tuple(getattr(x, 'shape', ()))
-            annotate(e, f"raised by metric {name!r} (called as {name}(preds, targets) with preds of shape "
-                        f"{shape(preds)} and targets of shape {shape(targets)})")
-            raise
-        res[name] = v.item() if isinstance(v, torch.Tensor) and v.numel() == 1 else v
-    return res
+def _computed(name, m):
+    try: return m.compute()
+    except Exception as e:
+        annotate(e, f"raised by streaming metric {name!r} in compute()")
+        raise
+
+def _plain_metric(name, m, preds, targets):
+    "Metric `m` `(preds, targets)` over the gathered predictions."
+    if targets is None: raise ValueError(f"Metric {name!r} needs targets, but the evaluation batches have none")
+    try: return m(preds, targets)
+    except Exception as e:
+        shape = lambda x: tuple(getattr(x, 'shape', ()))
+        annotate(e, f"raised by metric {name!r} (called as {name}(preds, targets) with preds of shape "
+                    f"{shape(preds)} and targets of shape {shape(targets)})")
+        raise
+
+def _value(v):
+    "A metric's value for the results: a number for a one-element tensor or array, a CPU tensor for others."
+    if isinstance(v, torch.Tensor): return v.item() if v.numel() == 1 else v.detach().cpu()
+    if hasattr(v, 'ndim') and hasattr(v, 'item') and getattr(v, 'size', 0) == 1: return v.item()   # (NumPy)
+    return v
+
+def _add_result(res: dict, name: str, keyed: bool, v):
+    "Put metric `name`'s value `v` in `res`: a dict's items under their own keys (`name_key` for a keyed metric)."
+    vals = {(f"{name}_{k}" if keyed else k): x for k, x in v.items()} if isinstance(v, Mapping) else {name: v}
+    for k, x in vals.items():
+        if k in res:
+            raise ValueError(f"Two results are named {k!r} (the second from metric {name!r}): name the metrics "
+                             "apart, with metrics={'name': metric, ...} (or a collection's prefix=)")
+        res[k] = _value(x)
 
 # %% ../nbs/00_core.ipynb #d653350c
 def _run_eval(t, dl, keep_preds: bool, stream=()):
-    "Mean loss, sample count and (optionally) gathered preds/targets over `dl`; `stream`: metrics updated per batch."
+    """Mean loss, sample count and (optionally) gathered preds/targets over `dl`; `stream`: `(name, metric)` updated
+    per batch (torchmetrics with the process's own real samples, others with every process's)."""
     if dl is None: raise ValueError("No dataloader to evaluate on: pass one, or give the Trainer a valid_dl")
     if has_len(dl) == 0: raise ValueError("The evaluation dataloader yields no batches (is the dataset empty?)")
-    acc, pdl = t.accelerator, t.prepared(dl)
+    acc, pdl, pre, pad = t.accelerator, t.prepared(dl), t.preprocess_preds, t.pad_index
+    own = [(n, m) for n, m in stream if _torchmetrics(m) is not None]
+    every = [(n, m) for n, m in stream if _torchmetrics(m) is None]
     was_training = t.model.training
     t.model.eval()
     # per process: sum of per-sample losses and count of real samples; reduced once at the end
@@ -777,10 +912,12 @@ def _run_eval(t, dl, keep_preds: bool, stream=()):
                         loss = t.loss_func(p[:real], y[:real]) if real else torch.zeros(())
                     totals[0] += _check_loss(loss.detach(), "the evaluation loss").double() * real
                 totals[1] += real
-                if keep_preds or stream:
-                    p = acc.gather_for_metrics(p)
-                    y = None if y is None else acc.gather_for_metrics(y)
-                    _update_streaming(stream, p, y)
+                if pre is not None: p = pre(p, y)   # before anything is kept: e.g. argmax ids, not logits
+                if own and real:   # (no empty update: torchmetrics' classification metrics can't take one)
+                    _update_streaming(own, *((p, y) if real == bs else (_rows(p, real), _rows(y, real))))
+                if keep_preds or every:
+                    p, y = _gathered(acc, p, pad), _gathered(acc, y, pad)
+                    _update_streaming(every, p, y)
                 if keep_preds:
                     preds.append(to_cpu(p))
                     if y is not None: targets.append(to_cpu(y))
@@ -792,8 +929,7 @@ def _run_eval(t, dl, keep_preds: bool, stream=()):
     loss_sum, n = totals.tolist()
     if n == 0: raise ValueError("The evaluation dataloader yielded no samples")
     t.eval_samples = int(n)
-    cat = lambda xs: concatenate(xs) if xs else None
-    return (loss_sum / n if has_loss else None), cat(preds), cat(targets)
+    return (loss_sum / n if has_loss else None), _cat_padded(preds, pad), _cat_padded(targets, pad)
 
 # %% ../nbs/00_core.ipynb #419ef3b0
 def _hook_table(t):
@@ -882,23 +1018,26 @@ def _check_args(model, mixed_precision, grad_accum, nan_policy, lr, metrics, opt
         raise ValueError(f"nan_policy must be 'raise' or 'skip', got {nan_policy!r}")
     if lr is not None and not (isinstance(lr, (int, float)) and lr > 0):
         raise ValueError(f"lr must be a positive number, got {lr!r}")
-    for m in metrics:
-        if not (callable(m) or _is_streaming(m)):
-            raise TypeError(f"metrics must be callables (preds, targets) -> number, or streaming metrics (reset, "
-                            f"update, compute), got {m!r}")
-    names = [name_of(m) for m in metrics]   # the keys of their results
-    for n in names:
-        if names.count(n) > 1:
-            raise ValueError(f"Two metrics are named {n!r}, and results are keyed by name: give each its own "
-                             "(a def, or set f.__name__ = '...' on a lambda or partial)")
-        if n in RESERVED:
-            raise ValueError(f"A metric can't be named {n!r}: the trainer reports its own {n!r} under that key")
+    _check_metrics(_metric_items(_metric_list(metrics)))
     if optimizers is not None and len(optimizers) > 1 and not manual:
         raise ValueError("Several optimizers need manual=True")
     if manual and train_step is None: raise ValueError("manual=True needs a train_step that optimizes")
     if manual and nan_policy == 'skip':
         raise ValueError("nan_policy='skip' can't be used with manual=True: train_step has already stepped when "
                          "the loss is checked; skip the batch in train_step itself")
+
+def _check_metrics(items):
+    for _, m, _ in items:
+        if not (callable(m) or _is_streaming(m)):
+            raise TypeError(f"metrics must be callables (preds, targets) -> number, or streaming metrics (reset, "
+                            f"update, compute) such as torchmetrics', got {m!r}")
+    names = [n for item in items for n in _result_names(*item)]   # the keys of their results
+    for n in names:
+        if names.count(n) > 1:
+            raise ValueError(f"Two metrics are named {n!r}, and results are keyed by name: give each its own, as "
+                             "metrics={'name': metric, ...} (or a def, or f.__name__ = '...' on a lambda)")
+        if n in RESERVED:
+            raise ValueError(f"A metric can't be named {n!r}: the trainer reports its own {n!r} under that key")
 
 def _accelerator(accelerator, mixed_precision, grad_accum, cpu, log_with, project_dir) -> Accelerator:
     "The accelerator given (warning about the arguments it overrides), or a new one."
