@@ -905,7 +905,7 @@ class _MetricsFile:
         self._f.write(json.dumps(rec) + '\n')
         self._f.flush()
         acc = self.trainer.accelerator
-        if self.trackers and acc.trackers:   # numbers only, named 'train/loss', 'epoch/valid_loss', ...
+        if self._send and acc.trackers:   # numbers only, named 'train/loss', 'epoch/valid_loss', ...
             pre = 'train/' if rec['kind'] == 'train' else 'epoch/'
             vals = {pre + k: v for k, v in rec.items()
                     if k not in _COUNTERS and isinstance(v, (int, float)) and not isinstance(v, bool)}
@@ -922,12 +922,14 @@ class MetricsLog(_MetricsFile, MainProcessHook):
                  trackers: bool = True):   # also send the records to `trainer.accelerator`'s started trackers
         p = Path(path)
         self.path = p / 'metrics.jsonl' if p.is_dir() or not p.suffix else p
-        self.every_steps, self.trackers = every_steps, trackers
+        self.every_steps, self.trackers, self._send = every_steps, trackers, trackers
         self._f, self._lo, self._t0, self._cut = None, None, None, None
 
     def before_fit(self):
         acc = self.trainer.accelerator
-        if self.trackers and getattr(acc, 'log_with', None) and not acc.trackers:
+        # a hook that sends to the trackers itself (`Trackers`, which `Trainer(log_with=)` adds): nothing sent twice
+        self._send = self.trackers and not any(getattr(h, 'logs_to_trackers', False) for h in self.trainer.hooks)
+        if self._send and getattr(acc, 'log_with', None) and not acc.trackers:
             warnings.warn(f"The Accelerator has log_with={[str(x) for x in acc.log_with]} but no tracker started: call "
                           "accelerator.init_trackers(project_name) before fit for MetricsLog to log to them")
         self.path.parent.mkdir(parents=True, exist_ok=True)
