@@ -759,6 +759,17 @@ class _CheckpointEvents(_CheckpointSaving):
         if due or stop: self.save()
         if stop: self._stop(stop)
 
+    def after_valid(self):
+        "A validation inside an epoch (`fit(eval_every=)`): save this step when it is the best so far by `monitor`."
+        t, s = self.trainer, self.trainer.state
+        v = t.valid_results.get(self.monitor) if self.monitor and t.phase == 'valid_step' else None
+        if not isinstance(v, (int, float)) or math.isnan(v): return   # (an epoch's end: `after_epoch` decides)
+        if self.best_value is not None and not (v < self.best_value if self.mode == 'min' else v > self.best_value):
+            return
+        self.best_value, self.best_name = float(v), f'step-{s.step:08d}'
+        self.save()
+        if t.is_main_process: self.run.set_best(self.best_name, self.monitor, self.best_value)
+
     def after_epoch(self):
         s = self.trainer.state
         self._epoch_ended = True
