@@ -79,11 +79,11 @@ def test_lr_forms():
     assert t.lrs == pytest.approx([1e-3, 1e-3, 1e-2])
     t.lr = [1e-5, 1e-4, 1e-3]
     assert [g['lr'] for g in t.opt.param_groups] == pytest.approx([1e-5, 1e-4, 1e-3])
-    t.lr = 1e-2                    # a number scales every group, keeping the ratios
-    assert t.lrs == pytest.approx([1e-2, 1e-1, 1.])
+    t.lr = 1e-2                    # a number is the fastest group's LR, the others keeping their ratios
+    assert t.lrs == pytest.approx([1e-4, 1e-3, 1e-2]) and t.lr == pytest.approx(1e-2)
     for bad, msg in ((slice(0, 1e-2), 'positive'), ([1e-3, 1e-2], '2 values for 3'), (slice(1, 2, 3), 'no step')):
         with pytest.raises(ValueError, match=msg): t.lr = bad
-    assert t.lrs == pytest.approx([1e-2, 1e-1, 1.])   # a refused value changes nothing
+    assert t.lrs == pytest.approx([1e-4, 1e-3, 1e-2])   # a refused value changes nothing
 
 
 @pytest.mark.filterwarnings('ignore:lr_find')   # a short sweep: no reliable suggestion

@@ -91,8 +91,20 @@ def test_bad_arguments():
     with pytest.raises(ValueError, match='Pass one of limit_batches, fast_dev_run'):
         t.fit(1, limit_batches=2, fast_dev_run=True)
     with pytest.raises(ValueError, match="can't be combined with resume="): t.fit(1, overfit_batches=1, resume='last')
-    class Stream(IterableDataset):
-        def __iter__(self): return iter(regression_ds(16))
-    t.train_dl = DataLoader(Stream(), batch_size=4)
-    with pytest.raises(TypeError, match='limit_batches needs a torch DataLoader over a dataset with a length'):
+    t.train_dl = [b for b in DataLoader(regression_ds(16), batch_size=4)]   # batches, but no DataLoader
+    with pytest.raises(TypeError, match='limit_batches needs a torch DataLoader, got list'):
         t.fit(1, limit_batches=2)
+
+
+def test_a_stream_of_no_length_takes_every_quick_check():
+    "An IterableDataset: its first N batches' samples each epoch; with a length then, schedules count them."
+    class Stream(IterableDataset):
+        def __iter__(self): return iter(regression_ds(64))
+    t = make(scheduler=one_cycle())
+    t.train_dl = DataLoader(Stream(), batch_size=8)
+    t.fit(2, limit_batches=3)
+    assert t.state.step == 6 and t.state.n_batches == 3
+    t.fit(2, overfit_batches=2)
+    assert t.state.step == 10 and t.eval_samples == 16
+    t.fit(1, fast_dev_run=True)
+    assert t.state.step == 10

@@ -81,10 +81,63 @@ def test_one_cycle_keeps_the_groups_ratio():
     opt = torch.optim.AdamW([{'params': model[0].parameters(), 'lr': 1e-3}, {'params': model[2].parameters()}], lr=1e-2)
     t = Trainer(model, DataLoader(toy_data(48), batch_size=8), loss_func=F.cross_entropy, opt_func=opt, cpu=True,
                 default_hooks=False, hooks=[Recorder()])
-    t.fit_one_cycle(1, lr_max=1e-3)   # the first group's peak; the second keeps its 10x
+    assert t.lr == 1e-2 and t.lrs == [1e-3, 1e-2]   # the fastest group's
+    t.fit_one_cycle(1, lr_max=1e-3)   # the fastest group's peak; the other keeps its tenth
     s = t.get_hook(Recorder).steps
     np.testing.assert_allclose(s.lr_1, 10 * s.lr, rtol=1e-12)
-    assert s.lr.max() == pytest.approx(1e-3, rel=0.05) and t.opt.param_groups[1]['lr'] == pytest.approx(1e-2)
+    assert s.lr_1.max() == pytest.approx(1e-3, rel=0.05) and t.opt.param_groups[1]['lr'] == pytest.approx(1e-3)
+    assert t.lrs == pytest.approx([1e-4, 1e-3])
+
+
+def layer_decay_groups(model, layer_of, layer_decay, weight_decay=0.05):
+    """Parameter groups as timm's `param_groups_layer_decay` makes them for `create_optimizer_v2(layer_decay=...)`:
+    one per (layer, decay or not), `lr_scale = layer_decay ** (last layer - layer)`, no weight decay for 1-d tensors."""
+    layers = {n: layer_of(n) for n, _ in model.named_parameters()}
+    last = max(layers.values())
+    groups = {}
+    for n, p in model.named_parameters():
+        decay = 'no_decay' if p.ndim <= 1 else 'decay'
+        g = groups.setdefault(f'layer_{layers[n]}_{decay}', {'lr_scale': layer_decay ** (last - layers[n]),
+                                                             'weight_decay': 0. if decay == 'no_decay' else weight_decay,
+                                                             'params': []})
+        g['params'].append(p)
+    return list(groups.values())
+
+
+def test_lr_scale_of_timm_layer_decay_is_each_groups_ratio_to_the_fastest():
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(8, 16), nn.ReLU(), nn.Linear(16, 16), nn.ReLU(), nn.Linear(16, 16), nn.ReLU(),
+                          nn.Linear(16, 2))
+    groups = layer_decay_groups(model, lambda n: int(n.split('.')[0]) // 2, layer_decay=0.35)
+    opt = torch.optim.AdamW(groups, lr=1e-3, weight_decay=0.05)   # what create_optimizer_v2 then does
+    scales = [g['lr_scale'] for g in opt.param_groups]
+    assert len(scales) == 8 and max(scales) == 1 and min(scales) == pytest.approx(0.35 ** 3)
+    t = Trainer(model, DataLoader(toy_data(48), batch_size=8), loss_func=F.cross_entropy, opt_func=opt, cpu=True,
+                default_hooks=False, hooks=[Recorder()])
+    assert t.lr == pytest.approx(1e-3) and t.lrs == pytest.approx([1e-3 * s for s in scales])
+    t.fit(1, lr=5e-4)                 # the head (scale 1) at the LR asked for, every other group at its scale
+    s = t.get_hook(Recorder).steps
+    cols = ['lr'] + [f'lr_{i}' for i in range(1, 8)]
+    for c, sc in zip(cols, scales): np.testing.assert_allclose(s[c], 5e-4 * sc, rtol=1e-12)
+    t.fit_one_cycle(1, lr_max=2e-3)   # and along a schedule
+    s = t.get_hook(Recorder).steps.iloc[6:]
+    for c, sc in zip(cols, scales): np.testing.assert_allclose(s[c], sc * s.lr_6, rtol=1e-12)   # lr_6: the head
+    assert s.lr_6.max() <= 2e-3 and t.lrs == pytest.approx([2e-3 * sc for sc in scales])
+
+
+@pytest.mark.parametrize('steps', range(1, 11))
+def test_every_fit_method_for_any_number_of_steps(steps):
+    "One to ten optimizer steps, by the loader's length or by max_steps: every method runs, its LRs within the peak."
+    runs = [('fit', {}), ('fit_one_cycle', {}), ('fit_cosine', {'warmup_steps': 2}), ('fit_constant', {'warmup_pct': .5})]
+    for method, kw in runs:
+        for t, args in ((make(steps), (1,)), (make(10), ())):
+            getattr(t, method)(*args, **({'max_steps': steps} if not args else {}), **kw)
+            lrs = t.get_hook(Recorder).steps.lr
+            assert t.state.step == steps and len(lrs) == steps, (method, steps)
+            assert lrs.between(0, 1e-2 * (1 + 1e-12)).all() and lrs.iloc[-1] > 0, (method, steps)
+    t = make(steps).split('0', '2')
+    t.fine_tune(1, base_lr=1e-2)
+    assert t.state.step == 2 * steps
 
 
 def test_the_schedule_is_put_back_after_an_error():

@@ -20,6 +20,7 @@ from .launch import *
 from .hooks import *
 from .metrics import *
 from .workflow import *
+from .trackers import *
 # a new module: add its `from trainer_nb.module import *` line above
 
 # %% ../nbs/09_all.ipynb #43572147

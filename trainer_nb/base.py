@@ -133,6 +133,7 @@ class LoopState:
     step: int = 0           # optimizer steps taken, over the trainer's life
     samples: int = 0        # samples seen, all processes together
     opt_stepped: bool = False  # did the optimizer step on the current batch?
+    max_step: int = 0       # the current fit ends once `step` reaches this (0: at `epochs`; `fit(max_steps=)`)
 
     def state_dict(self) -> dict: return asdict(self)
     def load_state_dict(self, d: dict):

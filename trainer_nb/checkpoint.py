@@ -759,6 +759,17 @@ class _CheckpointEvents(_CheckpointSaving):
         if due or stop: self.save()
         if stop: self._stop(stop)
 
+    def after_valid(self):
+        "A validation inside an epoch (`fit(eval_every=)`): save this step when it is the best so far by `monitor`."
+        t, s = self.trainer, self.trainer.state
+        v = t.valid_results.get(self.monitor) if self.monitor and t.phase == 'valid_step' else None
+        if not isinstance(v, (int, float)) or math.isnan(v): return   # (an epoch's end: `after_epoch` decides)
+        if self.best_value is not None and not (v < self.best_value if self.mode == 'min' else v > self.best_value):
+            return
+        self.best_value, self.best_name = float(v), f'step-{s.step:08d}'
+        self.save()
+        if t.is_main_process: self.run.set_best(self.best_name, self.monitor, self.best_value)
+
     def after_epoch(self):
         s = self.trainer.state
         self._epoch_ended = True
@@ -905,7 +916,7 @@ class _MetricsFile:
         self._f.write(json.dumps(rec) + '\n')
         self._f.flush()
         acc = self.trainer.accelerator
-        if self.trackers and acc.trackers:   # numbers only, named 'train/loss', 'epoch/valid_loss', ...
+        if self._send and acc.trackers:   # numbers only, named 'train/loss', 'epoch/valid_loss', ...
             pre = 'train/' if rec['kind'] == 'train' else 'epoch/'
             vals = {pre + k: v for k, v in rec.items()
                     if k not in _COUNTERS and isinstance(v, (int, float)) and not isinstance(v, bool)}
@@ -922,12 +933,14 @@ class MetricsLog(_MetricsFile, MainProcessHook):
                  trackers: bool = True):   # also send the records to `trainer.accelerator`'s started trackers
         p = Path(path)
         self.path = p / 'metrics.jsonl' if p.is_dir() or not p.suffix else p
-        self.every_steps, self.trackers = every_steps, trackers
+        self.every_steps, self.trackers, self._send = every_steps, trackers, trackers
         self._f, self._lo, self._t0, self._cut = None, None, None, None
 
     def before_fit(self):
         acc = self.trainer.accelerator
-        if self.trackers and getattr(acc, 'log_with', None) and not acc.trackers:
+        # a hook that sends to the trackers itself (`Trackers`, which `Trainer(log_with=)` adds): nothing sent twice
+        self._send = self.trackers and not any(getattr(h, 'logs_to_trackers', False) for h in self.trainer.hooks)
+        if self._send and getattr(acc, 'log_with', None) and not acc.trackers:
             warnings.warn(f"The Accelerator has log_with={[str(x) for x in acc.log_with]} but no tracker started: call "
                           "accelerator.init_trackers(project_name) before fit for MetricsLog to log to them")
         self.path.parent.mkdir(parents=True, exist_ok=True)

@@ -28,6 +28,7 @@ from .liveplot import LivePlot
 from .hooks import CompileTimer
 from .checkpoint import checkpoint_hooks, close_runs, resume_plan
 from .lr_find import lr_find
+from .trackers import Trackers
 from .workflow import (fine_tune, freeze, group_lrs, largest_batch_size, model_summary, quick_fit, split, unfreeze)
 
 # %% ../nbs/00_core.ipynb #79baf130
@@ -53,7 +54,7 @@ class Trainer:
                  nan_policy: str = 'raise',    # 'raise' | 'skip' (checks each loss: one host-device sync per batch)
                  sync_every: int = 100,         # batches between moving losses to the host
                  cpu: bool = False,
-                 log_with=None, project_dir=None,  # experiment trackers, Accelerate's `log_with` (e.g. 'tensorboard')
+                 log_with=None, project_dir=None,  # experiment trackers: 'tensorboard', 'mlflow' or a list (see below)
                  accelerator: Accelerator | None = None,  # or your own; it then decides the five arguments above
                  optimizers: dict | None = None,  # named optimizers (instances or `f(model)`), in place of opt_func
                  manual: bool = False,  # train_step optimizes by hand (`trainer.backward`, `trainer.step`)
@@ -68,7 +69,7 @@ class Trainer:
         self.manual = manual
         self.scheduler_func, self.schedulers = scheduler, {}
         self.model, self.optimizers = _prepare_optimizers(self.accelerator, model, opt_func, optimizers, lr, compile)
-        self._lrs = [g['lr'] for g in self.opt.param_groups]   # the base LR of each group (`lr`, `lrs`)
+        self._lrs = _base_lrs(self.opt)   # the base LR of each group (`lr`, `lrs`), its `lr_scale` applied
         self.train_dl, self.valid_dl, self._prepared = train_dl, valid_dl, {}
         self.state, self.losses, self.logged, self.hooks = LoopState(), LossLog(), LoggedValues(), []
         self.fitting, self.dev_run, self.dev_run_calls, self.phase, self.resumed = False, False, None, None, None
@@ -78,33 +79,40 @@ class Trainer:
         self._calls, self._plain = EventCalls(), _Plain(self)   # (bound anew by each fit)
         self.add_hooks(*(type(self).default_hooks if default_hooks else ()), *hooks,
                        *([CompileTimer] if compile else []))
+        if _wants_trackers(self, log_with, accelerator): self.add_hooks(Trackers())
 
     # ---- the loop: fit -> epoch -> batch -> optimizer step ----
-    def fit(self, epochs: int, lr=None, resume=None, *,
+    def fit(self, epochs: int | None = None, lr=None, resume=None, *,
+            max_steps: int | None = None,       # end after N optimizer steps (schedules span them); epochs optional
+            eval_every: int | None = None,      # also validate every N optimizer steps, inside the epochs
             limit_batches: int | None = None,   # the first N batches of each loader
             overfit_batches: int | None = None, # the same N batches every epoch, validated on too
             fast_dev_run: bool = False):        # one batch of each through every hook, then everything put back
-        """Train for `epochs` more epochs (at `lr`, if given: a number, a list or `slice(lo, hi)`). With `resume=`
-        ('last', 'best' or a checkpoint directory), continue an interrupted fit where its checkpoint left it: `epochs`
-        is then the number the interrupted call asked for. The quick checks are in `trainer_nb.workflow`."""
+        """Train for `epochs` more epochs (at `lr`, if given: a number, a list or `slice(lo, hi)`), or `max_steps` more
+        optimizer steps (whichever ends first, when both are given). With `resume=` ('last', 'best' or a checkpoint
+        directory), continue an interrupted fit where its checkpoint left it: `epochs` and `max_steps` are then the
+        ones the interrupted call asked for. The quick checks are in `trainer_nb.workflow`."""
         if limit_batches is not None or overfit_batches is not None or fast_dev_run:
-            return quick_fit(self, epochs, lr, resume, limit_batches, overfit_batches, fast_dev_run)
-        _check_fit(self, epochs)
+            return quick_fit(self, epochs, lr, resume, limit_batches, overfit_batches, fast_dev_run,
+                             max_steps=max_steps, eval_every=eval_every)
+        _check_fit(self, epochs, max_steps, eval_every)
         self.lr = lr if lr is not None else self.lr   # each fit starts from the base LRs
         s, dl = self.state, self.train_loader
-        s.epochs, s.n_batches = s.epoch + epochs, has_len(dl) or 0
-        self.schedulers = _make_schedulers(self, epochs)
+        s.n_batches = has_len(dl) or 0
+        s.epochs, s.max_step = _fit_end(self, epochs, max_steps)
+        self.schedulers = _make_schedulers(self, epochs, max_steps)
         self._calls = EventCalls(self.hooks, self.is_main_process, self.dev_run)
         self._plain = _Plain(self)   # (see "The step" below)
+        self._eval_every = eval_every
         self.resumed = start = None
         if resume is not None:
             self.resumed = resume_plan(self, resume)   # (it opens the run directory: closed again if this fails)
-            start = _apply_plan(self, self.resumed, epochs)
+            start = _apply_plan(self, self.resumed, epochs, max_steps)
         self.fitting, self.cancelled, self.phase = True, None, None
         _ACTIVE.append(self)   # where `log_scalar` sends values
         try:
             self._calls.run('before_fit')
-            while s.epoch < s.epochs:
+            while s.epoch < s.epochs and not (s.max_step and s.step >= s.max_step):
                 self._epoch(dl, start)
                 start = None
                 s.epoch += 1
@@ -130,13 +138,18 @@ class Trainer:
         s.batch, t0, self.phase, self.epoch_results, loader = 0, time.perf_counter(), 'train', {}, dl
         self.model.train()
         self._epoch_first = len(self.losses)   # index of the epoch's first batch in the loss log
+        stop, every = s.max_step or math.inf, self._eval_every
         try:
+            _set_epoch(dl, s.epoch)   # a sampler's or dataset's order for this epoch (see below)
             if calls['before_epoch']: calls.run('before_epoch')
             loader, batches = _epoch_batches(self, dl, start)
             self._epoch_first = len(self.losses) - s.batch
             for batch in batches:
                 self._train_batch(batch)
+                if every and s.opt_stepped and s.step % every == 0 and s.step < stop and s.batch + 1 != s.n_batches:
+                    _validate_in_epoch(self)   # (not at the epoch's last batch: the epoch's validation follows)
                 s.batch += 1
+                if s.step >= stop: break   # `max_steps` reached: the epoch ends here, and the fit with it
             if s.batch == 0 and s.n_batches == 0: raise ValueError("train_dl yielded no batches")
         except CancelEpoch: _drop_unfinished(self)
         finally:   # an Accelerate loader left part-way stays registered as the one iterated: end it
@@ -347,14 +360,14 @@ class Trainer:
     # ---- state ----
     @property
     def lr(self) -> float:
-        """The base learning rate (the first parameter group's; the others keep their ratio to it). Set it to a number,
-        or to one per group: a list or `slice(lo, hi)` (see `split`)."""
-        return self._lrs[0]
+        """The base learning rate: the fastest parameter group's (the others keep their ratio to it). Set it to a
+        number, or to one per group: a list or `slice(lo, hi)` (see `split`)."""
+        return max(self._lrs)
 
     @lr.setter
     def lr(self, lr):
         groups = self.opt.param_groups
-        now = self._lrs if len(self._lrs) == len(groups) else [self._lrs[0]] * len(groups)   # (after `split`)
+        now = self._lrs if len(self._lrs) == len(groups) else [max(self._lrs)] * len(groups)   # (after `split`)
         self._lrs = group_lrs(lr, now)
         for g, b in zip(groups, self._lrs): g['lr'] = b
 
@@ -469,21 +482,27 @@ class Trainer:
         return keepers[0].history
 
     # ---- the features, one line each ----
-    def fit_one_cycle(self, epochs: int, lr_max=None, pct_start: float = 0.25, div: float = 25., div_final: float = 1e5,
-                      moms: tuple | None = (0.95, 0.85), resume=None, **kw):
-        "Fit `epochs` epochs with a one-cycle schedule peaking at `lr_max` (default: the trainer's `lr`): `one_cycle`."
-        _fit_scheduled(self, epochs, lr_max, one_cycle(None, pct_start, div, div_final, moms, **kw), resume)
+    def fit_one_cycle(self, epochs: int | None = None, lr_max=None, pct_start: float = 0.25, div: float = 25.,
+                      div_final: float = 1e5, moms: tuple | None = (0.95, 0.85), resume=None, *,
+                      max_steps: int | None = None, eval_every: int | None = None, **kw):
+        """Fit `epochs` epochs (or `max_steps` steps) with a one-cycle schedule peaking at `lr_max` (default: the
+        trainer's `lr`): `one_cycle`."""
+        _fit_scheduled(self, epochs, lr_max, one_cycle(None, pct_start, div, div_final, moms, **kw), resume,
+                       max_steps, eval_every)
 
-    def fit_cosine(self, epochs: int, lr=None, warmup_pct: float = 0.05, warmup_steps: int | None = None,
-                   lr_min: float = 0., div: float = 25., resume=None):
-        "Fit `epochs` epochs with a linear warmup to `lr` then cosine annealing to `lr_min`; see `cosine`."
-        _fit_scheduled(self, epochs, lr, cosine(lr_min, warmup_pct, warmup_steps, div), resume)
+    def fit_cosine(self, epochs: int | None = None, lr=None, warmup_pct: float = 0.05, warmup_steps: int | None = None,
+                   lr_min: float = 0., div: float = 25., resume=None, *, max_steps: int | None = None,
+                   eval_every: int | None = None):
+        "Fit `epochs` epochs (or `max_steps` steps) with a linear warmup to `lr` then cosine annealing to `lr_min`."
+        _fit_scheduled(self, epochs, lr, cosine(lr_min, warmup_pct, warmup_steps, div), resume, max_steps, eval_every)
 
-    def fit_constant(self, epochs: int, lr=None, warmup_pct: float = 0., warmup_steps: int | None = None,
-                     div: float = 25., resume=None):
-        "Fit `epochs` epochs at a constant `lr` (after an optional warmup), whatever `scheduler_func` the trainer has."
+    def fit_constant(self, epochs: int | None = None, lr=None, warmup_pct: float = 0., warmup_steps: int | None = None,
+                     div: float = 25., resume=None, *, max_steps: int | None = None, eval_every: int | None = None):
+        """Fit `epochs` epochs (or `max_steps` steps) at a constant `lr` (after an optional warmup), whatever
+        `scheduler_func` the trainer has."""
         warm = warmup_steps if warmup_steps is not None else warmup_pct
-        _fit_scheduled(self, epochs, lr, constant(warmup_pct, warmup_steps, div) if warm else None, resume)
+        _fit_scheduled(self, epochs, lr, constant(warmup_pct, warmup_steps, div) if warm else None, resume,
+                       max_steps, eval_every)
 
     def lr_find(self, start_lr: float = 1e-7, end_lr: float = 10, num_it: int = 100, beta: float = 0.98,
                 div: float = 4., show: bool = True, suggest_funcs=None):
@@ -655,8 +674,15 @@ def _epoch_train_loss(t) -> float:
     return t.accelerator.reduce(torch.tensor(mean, device=t.device), 'mean').item()
 
 # %% ../nbs/00_core.ipynb #4fa40328
-def _check_fit(t, epochs):
-    if not (isinstance(epochs, int) and epochs >= 0): raise ValueError(f"epochs must be an int >= 0, got {epochs!r}")
+def _check_fit(t, epochs, max_steps=None, eval_every=None):
+    if epochs is None and max_steps is None: raise ValueError("fit needs epochs, max_steps or both")
+    if epochs is not None and not (isinstance(epochs, int) and epochs >= 0):
+        raise ValueError(f"epochs must be an int >= 0, got {epochs!r}")
+    for k, v in (('max_steps', max_steps), ('eval_every', eval_every)):
+        if v is not None and not (isinstance(v, int) and v >= 1):
+            raise ValueError(f"{k} must be an int >= 1, got {v!r}")
+    if eval_every is not None and t.valid_dl is None:
+        raise ValueError("eval_every= validates on valid_dl, and the trainer has none: give it one")
     if t.train_dl is None: raise ValueError("No train_dl: pass one to the Trainer (or set trainer.train_dl)")
     if has_len(t.train_dl) == 0:
         raise ValueError("train_dl yields no batches (is the dataset empty, or drop_last with too few samples?)")
@@ -664,8 +690,19 @@ def _check_fit(t, epochs):
         raise ValueError("valid_dl yields no batches (is the dataset empty?): pass a non-empty one, or None")
     if t.fitting: raise RuntimeError("fit is already running")
 
-def _make_schedulers(t, epochs) -> dict:
-    "One scheduler per optimizer that has one (`scheduler=`: a factory for each, or `{name: factory}`)."
+# %% ../nbs/00_core.ipynb #416f5293
+def _fit_end(t, epochs, max_steps) -> tuple[int, int]:
+    """`(epochs, max_step)` of the state for a fit of `epochs` and/or `max_steps`: with no `epochs`, as many as the
+    steps need (an unsized loader: at most one a step, as each epoch ends with a step)."""
+    s = t.state
+    if max_steps is None: return s.epoch + epochs, 0
+    per_epoch = t.steps_per_epoch
+    need = math.ceil(max_steps / per_epoch) if per_epoch else max_steps
+    return s.epoch + (need if epochs is None else min(epochs, need)), s.step + max_steps
+
+def _make_schedulers(t, epochs, max_steps=None) -> dict:
+    """One scheduler per optimizer that has one (`scheduler=`: a factory for each, or `{name: factory}`), over the
+    fit's steps: `max_steps`, or `epochs` × steps per epoch (the fewer, when both are known)."""
     for o in t.optimizers.values():
         for g in o.param_groups: g.pop('initial_lr', None)
     f = t.scheduler_func
@@ -673,11 +710,14 @@ def _make_schedulers(t, epochs) -> dict:
     if funcs.keys() - t.optimizers.keys():
         raise ValueError(f"scheduler= names {sorted(funcs.keys() - t.optimizers.keys())}, not among the optimizers")
     per_epoch = t.steps_per_epoch
-    if funcs and per_epoch == 0:
-        raise ValueError("A scheduler needs a train_dl with a length to know the number of steps")
-    return {k: g(t.optimizers[k].optimizer, epochs * per_epoch) for k, g in funcs.items() if g is not None}
+    if funcs and per_epoch == 0 and max_steps is None:
+        raise ValueError("A scheduler needs to know the number of steps: the train_dl has no length (a stream), so "
+                         "pass max_steps= (fit(max_steps=N), fit_one_cycle(max_steps=N), ...)")
+    total = [n for n in (max_steps, epochs * per_epoch if epochs is not None and per_epoch else None) if n is not None]
+    return {k: g(t.optimizers[k].optimizer, max(min(total), 1)) for k, g in funcs.items() if g is not None}
 
-def _apply_plan(t, plan, epochs):
+# %% ../nbs/00_core.ipynb #e76edebd
+def _apply_plan(t, plan, epochs, max_steps=None):
     "Put `t` where `plan`'s checkpoint left it; returns the position in the first epoch (None: from its start)."
     try: t.load_state_dict(plan.state)
     except Exception as e:
@@ -686,7 +726,13 @@ def _apply_plan(t, plan, epochs):
         raise ValueError(f"Checkpoint {plan.path}: trainer_state.json does not load into this trainer "
                          f"({type(e).__name__}: {e})") from e
     s = t.state
-    s.epochs = plan.fit_start + epochs
+    if max_steps is None: s.max_step = 0
+    elif not s.max_step:   # a checkpoint of a fit without max_steps: counted from the step it holds
+        warnings.warn(f"The fit saved in {plan.path} had no max_steps: {max_steps} steps from its step {s.step}")
+        s.max_step = s.step + max_steps
+    per_epoch = t.steps_per_epoch   # (no `epochs`: as many as the interrupted fit's steps need, as `_fit_end` says)
+    need = epochs if epochs is not None else math.ceil(max_steps / per_epoch) if per_epoch else max_steps
+    s.epochs = plan.fit_start + need
     if plan.stopped:   # a fit stopped by `CancelFit` at this epoch's end stays stopped (a Checkpoint hook says why)
         if not checkpoint_hooks(t):
             warnings.warn(f"The fit saved in {plan.path} stopped there ({plan.stopped}): nothing left to train")
@@ -713,6 +759,7 @@ def _epoch_batches(t, dl, start):
             if next(it, _END) is _END: break
     else:
         loader = skip_first_batches(dl, done)
+        _set_epoch(loader, t.state.epoch)   # (a new loader, whose own count of epochs starts at 0)
         it = iter(loader)
         first = tuple(itertools.islice(it, 1))   # the order is drawn at the first batch: with `epoch_rng`
     t.state.batch = done
@@ -725,6 +772,7 @@ def _where(t) -> str:
     s, phase = t.state, t.phase
     if phase == 'train': return f"raised in fit at epoch {s.epoch}, batch {s.batch} (iteration {s.iteration})"
     if phase == 'valid': return f"raised in fit while validating after epoch {s.epoch}"
+    if phase == 'valid_step': return f"raised in fit while validating at step {s.step} (epoch {s.epoch})"
     if phase == 'epoch': return f"raised in fit at the end of epoch {s.epoch}"
     return "raised in fit before its first epoch"
 
@@ -755,15 +803,40 @@ def _drop_unfinished(t):
     acc.step = 0
     _drop_grads(t)   # mid-group too, unlike Accelerate's
 
-def _fit_scheduled(t, epochs, lr, factory, resume):
+def _fit_scheduled(t, epochs, lr, factory, resume, max_steps=None, eval_every=None):
     "`fit` with `factory` as the scheduler for this call only; momentum and LR are put back afterwards."
     groups = t.opt.param_groups
     moms = [{k: g[k] for k in ('momentum', 'betas') if k in g} for g in groups]
     try:
-        with t.temporary(scheduler_func=factory): t.fit(epochs, lr=lr, resume=resume)
+        with t.temporary(scheduler_func=factory):
+            t.fit(epochs, lr=lr, resume=resume, max_steps=max_steps, eval_every=eval_every)
     finally:
         for g, m in zip(groups, moms): g.update(m)
         t.lr = t.lrs   # every group back to its base LR
+
+# %% ../nbs/00_core.ipynb #b152e0ad
+def _set_epoch(dl, epoch: int):
+    "Call `set_epoch(epoch)` on `dl` (Accelerate's loaders) and on each sampler, batch sampler and dataset it holds."
+    seen, todo = set(), [dl]
+    while todo:
+        o = todo.pop()
+        if o is None or id(o) in seen or isinstance(o, (int, float, str)): continue
+        seen.add(id(o))
+        f = getattr(o, 'set_epoch', None)
+        if callable(f): f(epoch)
+        d = getattr(o, '__dict__', {})
+        todo += [d[a] for a in ('base_dataloader', 'batch_sampler', 'sampler', 'dataset') if a in d]
+
+def _validate_in_epoch(t):
+    "Validate at this step (`eval_every`), with the events of validation; then back to training."
+    calls = t._calls
+    t.phase = 'valid_step'
+    try:
+        if calls['before_valid']: calls.run('before_valid')
+        t.evaluate()
+        if calls['after_valid']: calls.run('after_valid')
+    except CancelEpoch: pass   # as at the epoch's end: from before_valid, no validation; from after_valid, its rest
+    finally: t.phase = 'train'
 
 # %% ../nbs/00_core.ipynb #4cc639f0
 def _real_rows(acc, bs: int) -> int:
@@ -1069,6 +1142,20 @@ def _make_optimizer(opt_func, model, lr):
         warnings.warn(f"lr={lr} ignored: the optimizer passed has its own, lr={lr0} (set it on the optimizer, or "
                       "pass a factory such as opt_func=torch.optim.AdamW)", stacklevel=4)
     return opt_func
+
+def _base_lrs(opt) -> list[float]:
+    """The base LR of each group of `opt`: its `lr`, times its `lr_scale` over the largest one when a group has one
+    (timm's layer decay; the groups are set to them)."""
+    groups = opt.param_groups
+    if not any('lr_scale' in g for g in groups): return [g['lr'] for g in groups]
+    scales = [float(g.get('lr_scale', 1.)) for g in groups]
+    lrs = [g['lr'] * sc / max(scales) for g, sc in zip(groups, scales)]
+    for g, lr in zip(groups, lrs): g['lr'] = lr
+    return lrs
+
+def _wants_trackers(t, log_with, accelerator) -> bool:
+    "Does the trainer need a `Trackers` hook: `log_with` given to it (not to an Accelerator), and none among its hooks?"
+    return log_with is not None and accelerator is None and not any(getattr(h, 'logs_to_trackers', 0) for h in t.hooks)
 
 def _prepare_optimizers(acc, model, opt_func, optimizers, lr, compile=False):
     "`(model, {name: optimizer})` prepared by Accelerate from `optimizers` (instances or `f(model)`) or `opt_func`."

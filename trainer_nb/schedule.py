@@ -18,6 +18,7 @@ def _has_momentum(opt) -> bool:
 
 def _one_cycle(opt, total_steps, lr_max, pct_start, div, div_final, moms, **kw):
     max_lr = [g['lr'] for g in opt.param_groups] if lr_max is None else lr_max
+    if pct_start * total_steps <= 1: pct_start = 0.   # a warmup shorter than a step is none (torch divides by 0 at 1)
     cycle = moms is not None and _has_momentum(opt)
     if cycle: kw.update(max_momentum=moms[0], base_momentum=moms[1])
     return OneCycleLR(opt, max_lr=max_lr, total_steps=total_steps, pct_start=pct_start, div_factor=div,

@@ -25,9 +25,9 @@ def _positive(out: list, lr) -> list[float]:
     return [float(v) for v in out]
 
 def group_lrs(lr, lrs: list[float]) -> list[float]:
-    """The base LRs of the groups (now `lrs`) once `lr` is set: a number scales every group, keeping their ratios to
-    the first; a list gives one per group; `slice(lo, hi)` spreads them from `lo` to `hi`, `slice(hi)` gives the last
-    group `hi` and the others `hi / 10`."""
+    """The base LRs of the groups (now `lrs`) once `lr` is set: a number is the fastest group's, the others
+    keeping their ratios to it; a list gives one per group; `slice(lo, hi)` spreads them from `lo` to `hi`,
+    `slice(hi)` gives the last group `hi` and the others `hi / 10`."""
     n = len(lrs)
     if isinstance(lr, slice):
         if lr.step is not None: raise ValueError(f"lr=slice(lo, hi) takes no step, got {lr!r}")
@@ -40,7 +40,7 @@ def group_lrs(lr, lrs: list[float]) -> list[float]:
         if len(lr) != n: raise ValueError(f"lr has {len(lr)} values for {n} parameter groups: give one per group")
         return _positive(list(lr), lr)
     if not (isinstance(lr, (int, float)) and lr > 0): raise ValueError(f"lr must be a positive number, got {lr!r}")
-    scale = lr / lrs[0]
+    scale = lr / max(lrs)
     return [b * scale for b in lrs]
 
 # %% ../nbs/15_workflow.ipynb #4b0e8136
@@ -171,11 +171,27 @@ class _FirstBatches:
     def __iter__(self): return itertools.islice(iter(self.batches), self.n)
     def __len__(self): return min(self.n, len(self.batches))
 
+class _Head(IterableDataset):
+    "The first `n` samples of a stream `ds` (each time it is iterated); `set_epoch` passes through to it."
+    def __init__(self, ds, n: int): self.ds, self.n = ds, n
+    def __iter__(self): return itertools.islice(iter(self.ds), self.n)
+    def __len__(self): return self.n
+    def set_epoch(self, epoch: int):
+        if callable(getattr(self.ds, 'set_epoch', None)): self.ds.set_epoch(epoch)
+
+def _few_of_stream(dl, n: int, fixed: bool):
+    "`few_batches` of a loader over an `IterableDataset`: its first `n` batches' samples (`fixed`: kept in a list)."
+    k = n * (dl.batch_size or 1)
+    ds = list(itertools.islice(iter(dl.dataset), k)) if fixed else _Head(dl.dataset, k)
+    return torch.utils.data.DataLoader(ds, batch_size=dl.batch_size, drop_last=dl.drop_last, collate_fn=dl.collate_fn,
+                                       num_workers=0 if fixed else dl.num_workers, pin_memory=dl.pin_memory)
+
 def few_batches(dl, n: int, fixed: bool, what: str = 'limit_batches'):
     "A `DataLoader` like `dl` with only its first `n` batches; `fixed`: the same ones every epoch, in dataset order."
     if dl is None: return None
-    if not isinstance(dl, torch.utils.data.DataLoader) or isinstance(dl.dataset, IterableDataset):
-        raise TypeError(f"{what} needs a torch DataLoader over a dataset with a length, got {type(dl).__name__}")
+    if not isinstance(dl, torch.utils.data.DataLoader):
+        raise TypeError(f"{what} needs a torch DataLoader, got {type(dl).__name__}")
+    if isinstance(dl.dataset, IterableDataset): return _few_of_stream(dl, n, fixed)
     if fixed and dl.batch_size is not None:
         order = torch.utils.data.SequentialSampler(dl.dataset)
         batches = list(itertools.islice(torch.utils.data.BatchSampler(order, dl.batch_size, dl.drop_last), n))
@@ -215,13 +231,13 @@ def _unspy(undo):
         if old is _spy: del h.__dict__[e]
         else: setattr(h, e, old)
 
-def _dev_run(t, lr):
+def _dev_run(t, lr, eval_every=None):
     train = few_batches(t.train_dl, 1, False, 'fast_dev_run')
     valid = few_batches(t.valid_dl, 1, False, 'fast_dev_run')
     fired = set()
     with t.temporary(rewind=True, train_dl=train, valid_dl=valid, dev_run=True):
         undo = _spy(t, fired)
-        try: t.fit(1, lr=lr)
+        try: t.fit(1, lr=lr, eval_every=eval_every)
         finally: _unspy(undo)
         loss, results = t.losses.mean(len(t.losses) - 1), dict(t.epoch_results)
     t.dev_run_calls = fired
@@ -230,16 +246,16 @@ def _dev_run(t, lr):
               f"; {len(fired)} hook calls; epoch results {sorted(results)}; the trainer is as it was", flush=True)
     return t.describe_hooks()
 
-def quick_fit(trainer, epochs: int, lr=None, resume=None, limit_batches: int | None = None,
-              overfit_batches: int | None = None, fast_dev_run: bool = False):
-    "`trainer.fit(...)` with `limit_batches`, `overfit_batches` or `fast_dev_run` (see above)."
+def quick_fit(trainer, epochs: int | None, lr=None, resume=None, limit_batches: int | None = None,
+              overfit_batches: int | None = None, fast_dev_run: bool = False, **kw):
+    "`trainer.fit(...)` with `limit_batches`, `overfit_batches` or `fast_dev_run` (see above); `kw`: `fit`'s others."
     _check_quick(limit_batches, overfit_batches, fast_dev_run, resume)
-    if fast_dev_run: return _dev_run(trainer, lr)
+    if fast_dev_run: return _dev_run(trainer, lr, kw.get('eval_every'))
     n, fixed = (limit_batches, False) if limit_batches else (overfit_batches, True)
     what = 'limit_batches' if limit_batches else 'overfit_batches'
     train = few_batches(trainer.train_dl, n, fixed, what)
     valid = train if fixed and trainer.valid_dl is not None else few_batches(trainer.valid_dl, n, fixed, what)
-    with trainer.temporary(train_dl=train, valid_dl=valid): trainer.fit(epochs, lr=lr)
+    with trainer.temporary(train_dl=train, valid_dl=valid): trainer.fit(epochs, lr=lr, **kw)
 
 # %% ../nbs/15_workflow.ipynb #ef6cf253
 def _shape(o):
