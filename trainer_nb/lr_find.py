@@ -477,7 +477,7 @@ def lr_find(trainer, start_lr: float = 1e-7, end_lr: float = 10, num_it: int = 1
         from tqdm.auto import tqdm
         bar = tqdm(total=num_it, desc='lr_find', leave=False)
     lrs = trainer.lrs
-    sweep = _Sweep(sched, [l / lrs[0] for l in lrs], beta, div, bar)
+    sweep = _Sweep(sched, [l / max(lrs) for l in lrs], beta, div, bar)   # the swept LR: the fastest group's
     try: n = len(dl)
     except TypeError: n = 0
     try:
