@@ -270,6 +270,51 @@ def test_truncated_checkpoint_clear_error_previous_usable(tmp_path):
     with pytest.raises(ValueError, match='SHA-256'): make(tmp_path).fit(1, resume=cks[-2])
 
 
+def test_incomplete_newer_checkpoint_is_named_not_skipped_silently(tmp_path):
+    "An incomplete checkpoint newer than the one resumed: a warning names it and what it lacks; the resume goes on."
+    from trainer_nb.checkpoint import Checkpoint, list_checkpoints
+    make(tmp_path, [Checkpoint(tmp_path, every_steps=2, keep_last=None)]).fit(2)   # 6 steps an epoch
+    cks = list_checkpoints(tmp_path)
+    assert [c.name for c in cks[-2:]] == ['step-00000010', 'step-00000012']
+    (cks[-1] / 'manifest.json').unlink()
+    ref = make(tmp_path)
+    ref.fit(2)
+    t = make(tmp_path, [Checkpoint(tmp_path, every_steps=2, keep_last=None)])
+    with pytest.warns(UserWarning, match=r"step-00000012 is newer than step-00000010 but can't be resumed from: it has "
+                                         r"no manifest.json .*holding only .*model.safetensors.*Resuming from .*"
+                                         r"step-00000010") as w:
+        t.fit(2, resume='last')
+    assert sum('newer than' in str(x.message) for x in w) == 1
+    assert t.state.step == 12 and torch.equal(flat(t.model), flat(ref.model))   # it continued from step 10
+    assert (cks[-1] / 'manifest.json').is_file()   # and saved step 12 again, complete
+
+
+def test_no_complete_checkpoint_names_the_directory_and_what_each_lacks(tmp_path):
+    from trainer_nb.checkpoint import Checkpoint, list_checkpoints
+    run = tmp_path / 'run'
+    make(tmp_path, [Checkpoint(run, every_steps=4, keep_last=2)]).fit(1)
+    cks = list_checkpoints(run)
+    for c in cks: (c / 'manifest.json').unlink()
+    (cks[0] / 'model.safetensors').unlink()
+    t = make(tmp_path, [Checkpoint(run)])
+    with pytest.raises(FileNotFoundError) as e: t.fit(1, resume='last')
+    msg = str(e.value)
+    assert f"No complete checkpoint to resume from (resume='last') in {run}: " in msg, msg
+    assert all(f"{c.name}: it has no manifest.json" in msg for c in cks), msg
+    assert 'model.safetensors' not in msg.split(cks[0].name + ':')[1].split(';')[0]   # what the older one holds
+    assert not (run / 'LOCK').exists()
+    # a run directory given as a path: the same
+    with pytest.raises(FileNotFoundError, match=f"resume='{run}'.*{cks[-1].name}: it has no manifest"):
+        make(tmp_path).fit(1, resume=str(run))
+    # a directory with no checkpoint at all, and a best.json naming an incomplete one
+    empty = tmp_path / 'empty'
+    with pytest.raises(FileNotFoundError, match=f"No checkpoint to resume from .* in {empty}: it holds none"):
+        make(tmp_path, [Checkpoint(empty)]).fit(1, resume='last')
+    (run / 'best.json').write_text(json.dumps({'name': cks[-1].name, 'monitor': 'valid_loss', 'value': 1.0}))
+    with pytest.raises(FileNotFoundError, match=f"best.json names {cks[-1].name}, and it has no manifest.json"):
+        make(tmp_path, [Checkpoint(run)]).fit(1, resume='best')
+
+
 def test_other_shape_lists_keys(tmp_path):
     from trainer_nb.checkpoint import Checkpoint, list_checkpoints, load_weights
     t = make(tmp_path, [Checkpoint(tmp_path)])
@@ -350,9 +395,11 @@ from conftest import regression_ds, small_model
 from trainer_nb.checkpoint import Checkpoint
 from trainer_nb.base import Hook
 from trainer_nb.core import Trainer
-class Hold(Hook):
-    def before_epoch(self): time.sleep(3)   # the lock is held while the others try
-d, go = Path(sys.argv[1]), Path(sys.argv[2])
+class Hold(Hook):   # the winner holds the lock until the test has seen every other run end
+    def before_epoch(self):
+        print('HOLDING', flush=True)
+        while not release.exists(): time.sleep(0.01)
+d, go, release = Path(sys.argv[1]), Path(sys.argv[2]), Path(sys.argv[3])
 t = Trainer(small_model(), DataLoader(regression_ds(16), batch_size=8), loss_func=F.mse_loss,
             hooks=[Checkpoint(d, monitor=None), Hold()], default_hooks=False)
 print('WAITING', flush=True)
@@ -367,20 +414,29 @@ with warnings.catch_warnings(record=True) as w:
 
 
 def test_stale_lock_one_winner_when_runs_start_at_once(tmp_path):
+    "Runs started at once on a stale lock: one takes it over, each other one is refused naming that one, at any timing."
     import socket
-    d, go = tmp_path / 'run', tmp_path / 'go'
+    d, go, release = tmp_path / 'run', tmp_path / 'go', tmp_path / 'release'
     d.mkdir()
     dead = subprocess.Popen(['true']); dead.wait()
     (d / 'LOCK').write_text(json.dumps({'pid': dead.pid, 'host': socket.gethostname()}))
-    ps = [subprocess.Popen([sys.executable, '-c', RACE, str(d), str(go)], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                           text=True, cwd=REPO) for _ in range(3)]
-    for p in ps: assert p.stdout.readline().startswith('WAITING')
-    go.touch()
-    outs = [p.communicate(timeout=120)[0].strip() for p in ps]
-    ran = [o for o in outs if o.startswith('RAN')]
-    assert ran == ['RAN 1'], outs   # one run takes the stale lock over, with the warning; the others are refused
-    winner = ps[outs.index(ran[0])].pid
-    assert all(f'in use by process {winner} on ' in o for o in outs if o.startswith('REFUSED')), outs
+    ps = [subprocess.Popen([sys.executable, '-c', RACE, str(d), str(go), str(release)], stdout=subprocess.PIPE,
+                           stderr=subprocess.PIPE, text=True, cwd=REPO) for _ in range(3)]
+    try:
+        for p in ps: assert p.stdout.readline().startswith('WAITING')
+        go.touch()
+        # each run either holds the lock (and says so) or is refused and ends: wait for one of the two per run
+        first = {p.pid: p.stdout.readline().strip() for p in ps}
+        holding = [pid for pid, line in first.items() if line == 'HOLDING']
+        assert len(holding) == 1, first
+        release.touch()
+        outs = [first[p.pid] + '\n' + p.communicate(timeout=120)[0].strip() for p in ps]
+    finally:
+        for p in ps: p.kill()
+    ran = [o for o in outs if 'RAN' in o]
+    assert len(ran) == 1 and ran[0].endswith('RAN 1'), outs   # the winner took the stale lock over, with the warning
+    refused = [o for o in outs if o.startswith('REFUSED')]
+    assert len(refused) == 2 and all(f'in use by process {holding[0]} on ' in o for o in refused), outs
     assert not (d / 'LOCK').exists()
 
 

@@ -8,6 +8,7 @@ import os
 import shutil
 import subprocess
 import sys
+import time
 
 import pytest
 import torch
@@ -172,3 +173,70 @@ def test_only_the_main_process_prints(name, request):
 def test_valid_results_agree_with_one_process(two_processes, single):
     last = lambda out: float(out.strip().splitlines()[-1].split()[-1])
     assert last(two_processes['stdout']) == pytest.approx(last(single['stdout']), abs=2e-4)
+
+
+def _rank_of(pid) -> int | None:
+    "The RANK a launched worker was given (None for another process)."
+    try: env = open(f'/proc/{pid}/environ', 'rb').read().split(b'\0')
+    except OSError: return None
+    ranks = [int(e[5:]) for e in env if e.startswith(b'RANK=')]
+    return ranks[0] if ranks else None
+
+
+KILL_CONFIG = """
+imports: [cli_parts]
+data: {type: regression_data, n: 256, bs: 8, shuffle: true}
+model: regression_model
+loss: mse_loss
+optimizer: {type: SGD, momentum: 0.9}
+schedule: one_cycle
+fit: {epochs: 3, lr: 0.05}
+checkpoint: {every_steps: 4}
+hooks: [{type: SaveWeights, out: weights}]
+run_dir: runs/{name}
+"""
+
+
+@pytest.mark.skipif(sys.platform != 'linux', reason="finds the workers' ranks in /proc")
+@pytest.mark.parametrize('victim', [1, 0])
+def test_a_rank_killed_mid_epoch_ends_the_job_and_the_run_resumes_exactly(tmp_path_factory, victim):
+    """SIGKILL one rank of a 2-process run mid-epoch: the job ends (no rank left waiting in a collective), non-zero,
+    naming the rank that died; `fit.resume=last` then ends with the weights of a run never interrupted."""
+    import psutil
+    d = _workdir(tmp_path_factory, f'killed{victim}')
+    (d / 'kill.yaml').write_text(KILL_CONFIG)
+    def launch(*overrides):
+        cmd = [str(VENV_BIN / 'accelerate'), 'launch', '--multi_gpu', '--mixed_precision', 'no', '--dynamo_backend',
+               'no', '--num_processes', '2', '--num_machines', '1', '--main_process_port', str(free_port()),
+               '-m', 'trainer_nb', 'train', 'kill.yaml', *overrides]
+        return subprocess.Popen(cmd, cwd=d, env=_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    whole = launch('hooks.0.out=weights_whole', 'run_dir=runs/whole')
+    _finish(whole)
+    # mid-epoch 1 (16 steps an epoch), slowed down from there so that the kill surely lands mid-fit
+    p = launch('run_dir=runs/killed', 'hooks=[{type: SaveWeights, out: weights_killed}, '
+               '{type: Pause, at_step: 21, sleep: 0.05}]')
+    seen = []
+    for line in p.stdout:
+        seen.append(line)
+        if line.startswith('PAUSED'): break
+    assert seen and seen[-1].startswith('PAUSED'), ''.join(seen) + p.stderr.read()
+    ranks = {_rank_of(q.pid): q for q in psutil.Process(p.pid).children(recursive=True)}
+    ranks[victim].kill()
+    t0 = time.monotonic()
+    try: out, err = p.communicate(timeout=60)
+    except subprocess.TimeoutExpired:
+        for q in psutil.Process(p.pid).children(recursive=True): q.kill()
+        p.kill()
+        out, err = p.communicate()
+        raise AssertionError(f"the job was still running 60 s after rank {victim} was killed:\n{err[-5000:]}")
+    assert time.monotonic() - t0 < 60
+    assert p.returncode != 0
+    assert f"rank      : {victim} (local_rank: {victim})\n  exitcode  : -9" in err, err[-3000:]   # the root cause
+    assert not [q for q in ranks.values() if q.is_running() and q.status() != psutil.STATUS_ZOMBIE]
+    cks = sorted(x.name for x in (d / 'runs' / 'killed').iterdir() if x.name.startswith('step-'))
+    assert cks and 20 <= int(cks[-1][5:]) < 48, cks
+    _finish(launch('run_dir=runs/killed', 'fit.resume=last', 'hooks.0.out=weights_resumed'))
+    for r in (0, 1):
+        a, b = (torch.load(d / w / f'rank{r}.pt', weights_only=False) for w in ('weights_resumed', 'weights_whole'))
+        assert a['state']['step'] == b['state']['step'] == 48
+        for k in b['weights']: assert torch.equal(a['weights'][k], b['weights'][k]), (r, k)

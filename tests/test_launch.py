@@ -140,11 +140,19 @@ def test_interrupt_ends_the_workers_and_the_kernel_launches_again(tmp_path, monk
         time.sleep(2)    # let them train a little
         assert all(alive(p) for p in pids)
         km.interrupt_kernel()
+        t0 = time.monotonic()
         while True:
             reply = kc.get_shell_msg(timeout=60)
             if reply['parent_header'].get('msg_id') == msg_id: break
+        took = time.monotonic() - t0
         assert reply['content']['status'] == 'error' and reply['content']['ename'] == 'KeyboardInterrupt', reply
         assert not any(alive(p) for p in pids)        # gone by the time the cell returned
+        assert took < 5, f"the cell returned {took:.1f} s after the interrupt"
+        seen = []   # and no thread that launch started is left in the kernel
+        kc.execute_interactive("import threading\nprint('THREADS', sorted(t.name for t in threading.enumerate()))",
+                               timeout=60, output_hook=seen.append)
+        text = ''.join(m['content'].get('text', '') for m in seen if m['msg_type'] == 'stream')
+        assert 'THREADS' in text and 'trainer-nb-launch' not in text, text
         for p in pid_dir.glob('pid*'): p.unlink()
         seen = []
         reply = kc.execute_interactive("r = launch(train, 8, num_processes=2)\nprint('again', r['n'], r['rank'])",
@@ -152,6 +160,11 @@ def test_interrupt_ends_the_workers_and_the_kernel_launches_again(tmp_path, monk
         assert reply['content']['status'] == 'ok', reply
         assert any('again 2 0' in m['content'].get('text', '') for m in seen if m['msg_type'] == 'stream')
         assert not any(alive(p) for p in worker_pids(pid_dir))
+        seen = []
+        kc.execute_interactive("print('THREADS', sorted(t.name for t in threading.enumerate()))", timeout=60,
+                               output_hook=seen.append)
+        text = ''.join(m['content'].get('text', '') for m in seen if m['msg_type'] == 'stream')
+        assert 'THREADS' in text and 'trainer-nb-launch' not in text, text
     finally:
         kc.stop_channels()
         km.shutdown_kernel(now=True)

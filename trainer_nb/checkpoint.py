@@ -172,41 +172,33 @@ def config_diff(old: dict, new: dict) -> list[str]:
     return [f"{k}: {show(a, k)} -> {show(b, k)}" for k in keys if a.get(k, absent) != b.get(k, absent)]
 
 # %% ../nbs/06_checkpoint.ipynb #ad7b226a
-def _lock_owner(fd: int, wait: bool = False) -> dict:
-    """Who the lock file open as `fd` says holds it ({} if it says nothing; `wait`: give its holder a second to write
-    it)."""
-    for _ in range(20 if wait else 1):
-        try: d = json.loads(os.pread(fd, 4096, 0) or b'null')
-        except ValueError: d = None
-        if isinstance(d, dict): return d
-        if wait: time.sleep(0.05)
-    return {}
+def _lock_owner(fd: int) -> dict:
+    "Who the lock file open as `fd` says holds it ({} if it says nothing)."
+    try: d = json.loads(os.pread(fd, 4096, 0) or b'null')
+    except ValueError: d = None
+    return d if isinstance(d, dict) else {}
 
-def _take_lock(dir: Path) -> int | None:
-    """Hold `dir/LOCK` (an exclusive `flock`, which the system drops when the process ends, however it ends) and write
-    who holds it; returns its file descriptor. A lock file nobody holds was left by a process that is gone: taken
-    over."""
-    try: import fcntl
-    except ImportError:   # no flock on this platform
-        warnings.warn(f"File locks are not available here: {dir} is not locked against a second run")
+def _lock_error(lock: Path, e: OSError) -> RuntimeError:
+    return RuntimeError(f"Cannot lock {lock} ({e}): pass lock=False if this file system has no locks")
+
+def _try_lock(dir: Path, lock: Path, me: dict) -> int | None:
+    """One attempt, made while holding the directory's own `flock` (so attempts come one at a time and a refused run
+    never reads a lock file half written): the lock's file descriptor, or None if its holder let go meanwhile."""
+    import fcntl
+    fd = os.open(lock, os.O_RDWR | os.O_CREAT, 0o644)
+    try: fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except OSError as e:
+        other = _lock_owner(fd)
+        os.close(fd)
+        if e.errno not in (errno.EAGAIN, errno.EACCES): raise _lock_error(lock, e) from None
+        who = f"process {other.get('pid')} on {other.get('host')}" if other else "another process"
+        raise RuntimeError(f"{dir} is in use by {who} (its lock file {lock}): use another directory, "
+                           "or stop that run first") from None
+    try: same = os.fstat(fd).st_ino == os.stat(lock).st_ino
+    except FileNotFoundError: same = False
+    if not same:   # its holder removed the file (releasing it) between our open and our lock: again
+        os.close(fd)
         return None
-    lock, me = dir / 'LOCK', {'pid': os.getpid(), 'host': socket.gethostname()}
-    while True:
-        fd = os.open(lock, os.O_RDWR | os.O_CREAT, 0o644)
-        try: fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except OSError as e:
-            other = _lock_owner(fd, wait=True)
-            os.close(fd)
-            if e.errno not in (errno.EAGAIN, errno.EACCES):
-                raise RuntimeError(f"Cannot lock {lock} ({e}): pass lock=False if this file system has no locks"
-                                   ) from None
-            who = f"process {other.get('pid')} on {other.get('host')}" if other else "another process"
-            raise RuntimeError(f"{dir} is in use by {who} (its lock file {lock}): use another directory, "
-                               "or stop that run first") from None
-        try: same = os.fstat(fd).st_ino == os.stat(lock).st_ino
-        except FileNotFoundError: same = False
-        if same: break
-        os.close(fd)   # its holder removed the file (releasing it) between our open and our lock: again
     prev = _lock_owner(fd)
     if prev and (prev.get('pid'), prev.get('host')) != (me['pid'], me['host']):
         warnings.warn(f"Taking over the lock of {dir} left by process {prev.get('pid')}, which is gone")
@@ -215,6 +207,24 @@ def _take_lock(dir: Path) -> int | None:
     os.fsync(fd)
     return fd
 
+def _take_lock(dir: Path) -> int | None:
+    """Hold `dir/LOCK` (an exclusive `flock`, which the system drops when the process ends, however it ends) and write
+    who holds it; returns its file descriptor. A lock file nobody holds was left by a process that is gone: taken
+    over. Runs starting at once take turns on a `flock` of the directory itself: one takes the lock (and names
+    itself in it) before the next one looks."""
+    try: import fcntl
+    except ImportError:   # no flock on this platform
+        warnings.warn(f"File locks are not available here: {dir} is not locked against a second run")
+        return None
+    lock, me = dir / 'LOCK', {'pid': os.getpid(), 'host': socket.gethostname()}
+    turn = os.open(dir, os.O_RDONLY)
+    try:
+        try: fcntl.flock(turn, fcntl.LOCK_EX)   # held for a moment by each run starting here
+        except OSError as e: raise _lock_error(lock, e) from None
+        while (fd := _try_lock(dir, lock, me)) is None: pass
+        return fd
+    finally: os.close(turn)
+
 def _release_lock(dir: Path, fd: int | None):
     if fd is None: return
     try: (dir / 'LOCK').unlink()   # before unlocking: a process that opened the file meanwhile sees it gone
@@ -222,6 +232,11 @@ def _release_lock(dir: Path, fd: int | None):
     os.close(fd)
 
 # %% ../nbs/06_checkpoint.ipynb #c0e95075
+def _best_name(dir: Path) -> str | None:
+    "The checkpoint `dir/best.json` names (None if it names none)."
+    try: return json.loads((dir / 'best.json').read_text())['name']
+    except (FileNotFoundError, ValueError, KeyError): return None
+
 class RunDir:
     """A run's directory: its lock, its checkpoints (`last`, `best`, rotation) and its `config.json`, tidied after a
     crash."""
@@ -258,9 +273,8 @@ class RunDir:
 
     def best(self, name: str | None = None) -> Path | None:
         "The complete checkpoint called `name` (by default the one `best.json` names); None if there is none."
-        if name is None:
-            try: name = json.loads((self.path / 'best.json').read_text())['name']
-            except (FileNotFoundError, ValueError, KeyError): return None
+        if name is None: name = _best_name(self.path)
+        if name is None: return None
         p = self.path / name
         return p if (p / _MANIFEST).is_file() else None
 
@@ -486,6 +500,31 @@ def _check_files(path: Path, acc) -> str:
     if tensors: _check_file(path, tensors)
     return losses
 
+# %% ../nbs/06_checkpoint.ipynb #92df5e6a
+def _lacks(p: Path) -> str:
+    "What the checkpoint directory `p` (with no manifest) is: which files it holds, and that it lacks its manifest."
+    files = sorted(f.name for f in p.iterdir()) if p.is_dir() else []
+    held = f"holding only {', '.join(files[:8])}{' ...' if len(files) > 8 else ''}" if files else "empty"
+    return f"it has no {_MANIFEST} (a save that did not finish, or a damaged checkpoint; {held})"
+
+def _newest(dir: Path, resume) -> Path:
+    """The newest complete checkpoint of the run directory `dir`; each newer one that is incomplete is named in a
+    warning saying what it lacks. None complete: an error naming `dir` and what each checkpoint there lacks."""
+    found = sorted((_step_of(p), p) for p in dir.iterdir() if _NAME.match(p.name)) if dir.is_dir() else []
+    incomplete = []
+    for _, p in reversed(found):
+        if (p / _MANIFEST).is_file():
+            for q, why in incomplete:
+                warnings.warn(f"Checkpoint {q} is newer than {p.name} but can't be resumed from: {why}. "
+                              f"Resuming from {p} (resume={resume!r})")
+            return p
+        incomplete.append((p, _lacks(p)))
+    if not found:
+        raise FileNotFoundError(f"No checkpoint to resume from (resume={resume!r}) in {dir}: "
+                                + ("it holds none" if dir.is_dir() else "there is no such directory"))
+    raise FileNotFoundError(f"No complete checkpoint to resume from (resume={resume!r}) in {dir}: "
+                            + "; ".join(f"{p.name}: {why}" for p, why in incomplete))
+
 # %% ../nbs/06_checkpoint.ipynb #de5d4341
 @dataclass
 class ResumePlan:
@@ -512,17 +551,25 @@ def close_runs(trainer):
     for h in checkpoint_hooks(trainer):
         if h._opened: h._close()
 
-def _checkpoint_path(trainer, resume) -> Path | None:
-    "The checkpoint `resume` names: 'last' or 'best' of the `Checkpoint` hook's directory, or a path."
+def _checkpoint_path(trainer, resume) -> Path:
+    """The checkpoint `resume` names: 'last' or 'best' of the `Checkpoint` hook's directory, or a path (a run
+    directory: its newest)."""
     if resume in ('last', 'best'):
         cks = checkpoint_hooks(trainer)
         if not cks:
             raise ValueError(f"resume={resume!r} needs a Checkpoint hook (its directory): add one, or pass a path")
-        return cks[0].last if resume == 'last' else cks[0].best
+        if resume == 'last': return _newest(cks[0].dir, resume)
+        best = cks[0].best
+        if best is None:
+            named = cks[0].best_name or _best_name(cks[0].dir)
+            why = (f"best.json names {named}, and " + (_lacks(cks[0].dir / named) if (cks[0].dir / named).is_dir()
+                   else "there is no such directory")) if named else "it has no best.json (nothing monitored yet?)"
+            raise FileNotFoundError(f"No best checkpoint to resume from (resume='best') in {cks[0].dir}: {why}")
+        return best
     p = Path(resume)
     if not p.is_dir(): raise FileNotFoundError(f"No checkpoint directory {p}")
-    if not (p / _MANIFEST).exists() and list_checkpoints(p):
-        return list_checkpoints(p)[-1]   # a run directory: its newest
+    if not (p / _MANIFEST).exists() and not _NAME.match(p.name) and any(_NAME.match(q.name) for q in p.iterdir()):
+        return _newest(p, resume)   # a run directory
     return p
 
 def resume_plan(trainer, resume) -> ResumePlan:
@@ -577,7 +624,6 @@ def _read_state(path: Path, st: dict, own_file: str) -> dict:
 def _plan(t, resume) -> ResumePlan:
     acc, s = t.accelerator, t.state
     path = _checkpoint_path(t, resume)
-    if path is None: raise FileNotFoundError(f"No complete checkpoint to resume from (resume={resume!r})")
     verify_checkpoint(path)
     own_file = _check_files(path, acc)
     st = json.loads((path / _STATE).read_text())

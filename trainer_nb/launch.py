@@ -4,7 +4,7 @@
 
 # %% ../nbs/12_launch.ipynb #370d6968
 from __future__ import annotations
-import logging, os, pickle, signal, socket, sys, threading, time, traceback
+import gc, logging, os, pickle, signal, socket, sys, threading, time, traceback, warnings
 import multiprocessing as mp
 from multiprocessing.connection import wait
 
@@ -46,10 +46,14 @@ def _worker(fn, conns, args, kwargs):
     rank = int(os.environ.get('RANK', '0'))
     conn = conns[rank]
     def send(msg): conn.send_bytes(pickle.dumps(msg))   # plain pickle: torch's would share tensors with this process
-    send_views_to(send)
-    try: out = fn(*args, **kwargs)
+    try:
+        send_views_to(send)
+        out = fn(*args, **kwargs)
     except BaseException as e:
         send(('error', time.time(), rank, f"{type(e).__name__}: {e}", traceback.format_exc()))
+        # torch's process wrapper turns a KeyboardInterrupt into a clean exit with no result, which the launcher's
+        # agent takes for a worker still at work (and waits on forever): an interrupted worker fails instead
+        if isinstance(e, KeyboardInterrupt): raise SystemExit(130) from None
         raise
     try: send(('result', out) if rank == 0 else ('done',))
     except Exception as e:   # e.g. a return value that can't be pickled
@@ -122,6 +126,8 @@ def _stop(procs, pump=None, grace: float = 3.0):
             else: time.sleep(0.05)
 
 # %% ../nbs/12_launch.ipynb #3cdc0bbe
+_AGENT_GRACE = 10.0   # seconds: far more than the agent's 0.1 s between checks, on a machine however busy
+
 def launch(fn, *args, num_processes: int | None = None, mixed_precision: str = 'no', **kwargs):
     """Run `fn(*args, **kwargs)` in `num_processes` processes (default: one per GPU) with Accelerate's
     `notebook_launcher`; rank 0's live display shows in this cell, and its return value is returned here.
@@ -139,6 +145,9 @@ def launch(fn, *args, num_processes: int | None = None, mixed_precision: str = '
                                mixed_precision=mixed_precision, use_port=str(_free_port()))
         except BaseException as e: failed.append(e)
     thread = threading.Thread(target=run, name='trainer-nb-launch', daemon=True)
+    # what an earlier launch left for the garbage collector (its rendezvous store, kept in a cycle by an exception's
+    # traceback) is freed here: freed in a forked worker, it would wait for ever for a thread the fork did not copy
+    gc.collect()
     sys.stdout.flush()   # the workers would print again what is still in this process's buffers
     sys.stderr.flush()
     quiet = _NoThreadWarning()
@@ -149,7 +158,9 @@ def launch(fn, *args, num_processes: int | None = None, mixed_precision: str = '
         pump.drain()
     except BaseException:   # the stop button (KeyboardInterrupt), or anything else: end every worker
         _stop([p for p in _children() if p.pid not in before], pump)
-        thread.join(30)
+        thread.join(_AGENT_GRACE)   # its agent sees the workers gone at its next check (every 0.1 s), and returns
+        if thread.is_alive(): warnings.warn(f"launch: the launcher's thread is still running {_AGENT_GRACE} s after "
+                                            "its workers ended")
         raise
     finally:
         _stop([p for p in _children() if p.pid not in before], grace=0)
