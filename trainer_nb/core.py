@@ -273,13 +273,13 @@ class Trainer:
             if train: _check_loss(loss, "train_step's 'loss'")
             return loss, self.preds, out.get('targets')
         if self.loss_func is not None:
-            if isinstance(batch, Mapping):   # targets under `target_key`, the rest to the model by name
+            if type(batch) is tuple or not isinstance(batch, Mapping):   # (the common case first: no ABC check)
+                xs, y = _split(batch)
+                self.preds = self.model(*xs)
+            else:   # targets under `target_key`, the rest to the model by name
                 y = _targets_of(self, batch, train)
                 self.out = self.model(**_model_inputs(self, batch, skip=self.target_key))
                 self.preds = _logits(self.out)
-            else:
-                xs, y = _split(batch)
-                self.preds = self.model(*xs)
             if after_pred: self._calls.run('after_pred')
             loss = self.loss_func(self.preds, y) if train or y is not None else None
             return (_check_loss(loss, "loss_func's result") if train else loss), self.preds, y
