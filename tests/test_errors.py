@@ -58,7 +58,7 @@ def test_model_output_without_loss(make_trainer):
 def test_batch_that_cannot_be_split(make_trainer):
     t = Trainer(small_model(), DataLoader(list(range(8)), batch_size=4, collate_fn=lambda b: set(b)),
                 loss_func=F.mse_loss, default_hooks=False)
-    with pytest.raises(TypeError, match=r"Can't split a batch of type set.*train_step="):
+    with pytest.raises(TypeError, match=r"Can't split the batch.*got a set.*train_step="):
         t.fit(1)
 
 

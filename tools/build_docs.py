@@ -156,7 +156,7 @@ def tidy(proc: Path, doc_host: str) -> tuple[list[str], list[str]]:
     a lead line, pages take the name nbdev gave their HTML file, links to symbols and to notebooks become relative
     (and a link to a symbol with no entry plain code), widget outputs give way to their static form, and show_doc
     output loses its leading rule and its link to a source host, and gets an anchor. Returns the page names in order:
-    guides (notebooks with no number) first, then the modules."""
+    guides (notebooks with no number; the tutorial first) first, then the modules."""
     import yaml
     nbs, pages = {}, {}
     for src in sorted(proc.glob('*.ipynb')):
@@ -198,6 +198,7 @@ def tidy(proc: Path, doc_host: str) -> tuple[list[str], list[str]]:
         (proc / f"{name}.ipynb").write_text(json.dumps(nb, indent=1))
         if src.stem == 'index': continue
         (modules if re.match(r'\d+_', src.stem) else guides).append(name)
+    guides.sort(key=lambda g: (g != 'tutorial', g))   # the tutorial is the first thing to read
     return guides, modules
 
 def add_toctree(index: Path, sections: list[tuple[str, list[str]]]):
