@@ -815,17 +815,22 @@ def _fit_scheduled(t, epochs, lr, factory, resume, max_steps=None, eval_every=No
         t.lr = t.lrs   # every group back to its base LR
 
 # %% ../nbs/00_core.ipynb #b152e0ad
-def _set_epoch(dl, epoch: int):
-    "Call `set_epoch(epoch)` on `dl` (Accelerate's loaders) and on each sampler, batch sampler and dataset it holds."
+def _loader_parts(dl):
+    "`dl` and each loader, sampler, batch sampler and dataset it holds (Accelerate's wrappers included), once each."
     seen, todo = set(), [dl]
     while todo:
         o = todo.pop()
         if o is None or id(o) in seen or isinstance(o, (int, float, str)): continue
         seen.add(id(o))
-        f = getattr(o, 'set_epoch', None)
-        if callable(f): f(epoch)
+        yield o
         d = getattr(o, '__dict__', {})
         todo += [d[a] for a in ('base_dataloader', 'batch_sampler', 'sampler', 'dataset') if a in d]
+
+def _set_epoch(dl, epoch: int):
+    "Call `set_epoch(epoch)` on `dl` (Accelerate's loaders) and on each sampler, batch sampler and dataset it holds."
+    for o in _loader_parts(dl):
+        f = getattr(o, 'set_epoch', None)
+        if callable(f): f(epoch)
 
 def _validate_in_epoch(t):
     "Validate at this step (`eval_every`), with the events of validation; then back to training."
@@ -1034,15 +1039,9 @@ def _load_hook_states(t, saved: dict):
 _LOADER_COUNTERS = ('iteration', 'epoch', 'end_of_dataloader', 'remainder')
 
 def _loader_counters(dl) -> list:
-    "`(part, {counter: value})` for a data loader and each sampler or loader it wraps: what iterating it changes."
-    out, todo = [], [dl]
-    while todo:
-        o = todo.pop()
-        if o is None or isinstance(o, (int, float, str)) or any(o is p for p, _ in out): continue
-        d = getattr(o, '__dict__', {})
-        out.append((o, {a: d[a] for a in _LOADER_COUNTERS if a in d}))
-        todo += [d[a] for a in ('base_dataloader', 'sampler', 'batch_sampler') if a in d]
-    return out
+    "`(part, {counter: value})` for a data loader and each part it holds (`_loader_parts`): what iterating it changes."
+    return [(o, {a: d[a] for a in _LOADER_COUNTERS if a in d})
+            for o in _loader_parts(dl) for d in (getattr(o, '__dict__', {}),)]
 
 # %% ../nbs/00_core.ipynb #602b9532
 class _Rewind:
