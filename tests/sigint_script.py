@@ -1,4 +1,4 @@
-"""Trains slowly until it gets SIGINT (Ctrl-C), then reports on the trainer and fits again.
+"""Trains slowly until it gets SIGINT (Ctrl-C), which stops the fit after its batch, then reports and fits again.
 
 `tests/test_loop.py` starts it, waits for the line `READY`, sends SIGINT, and reads the JSON line it prints.
 """
@@ -47,8 +47,10 @@ def main():
     try:
         t.fit(1)          # 1000 batches of >= 20 ms: interrupted long before the end
         report['interrupted'] = False
-    except KeyboardInterrupt:
-        report['interrupted'] = True
+    except KeyboardInterrupt as e:   # `FitStopped`: the first Ctrl-C stops the fit after its batch
+        report.update(interrupted=True, resumable=getattr(e, 'resumable', None), message=str(e))
+    report.update(losses_at_stop=len(t.losses),
+                  handler_back=signal.getsignal(signal.SIGINT) is signal.default_int_handler)
     report.update(events=list(ev.seen), fitting=t.fitting, iteration=t.state.iteration, epoch=t.state.epoch,
                   grads_cleared=all(p.grad is None for p in t.model.parameters()),
                   pending_losses=len(t.losses) - t.losses.n_host, model_works=bool(torch.isfinite(t.model(x[:3])).all()))

@@ -271,7 +271,8 @@ def test_keyboard_interrupt_in_hook(make_trainer):
 
 
 def test_sigint_during_fit(tmp_path):
-    "A real Ctrl-C (SIGINT) in a training process: cleanup runs, the interrupt propagates, and fit runs again."
+    """A real Ctrl-C (SIGINT) in a training process: the fit stops after the batch (`FitStopped`, a KeyboardInterrupt),
+    cleanup runs, and fit runs again."""
     env = dict(os.environ, OMP_NUM_THREADS='1', PYTHONUNBUFFERED='1')
     p = subprocess.Popen([sys.executable, str(REPO / 'tests' / 'sigint_script.py')], cwd=tmp_path, env=env,
                          stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
@@ -285,10 +286,14 @@ def test_sigint_during_fit(tmp_path):
         if p.poll() is None: p.kill(); p.wait()
     assert p.returncode == 0, err
     r = json.loads(out.strip().splitlines()[-1])
-    assert r['interrupted'] is True
-    assert r['events'] == [['after_cancel', 'KeyboardInterrupt'], ['after_fit', False]]
+    assert r['interrupted'] is True and r['resumable'] is True   # the first Ctrl-C stops after the batch
+    assert r['events'] == [['after_cancel', 'FitStopped'], ['after_fit', False]]
     assert r['fitting'] is False and r['grads_cleared'] and r['pending_losses'] == 0 and r['model_works']
     assert 3 <= r['iteration'] < 1000 and r['epoch'] == 0
+    assert r['losses_at_stop'] == r['iteration']   # every batch counted ran to its end
+    assert r['message'] == (f"Stopped at epoch 1 of 1, batch {r['iteration']} of 1000 (step {r['iteration']} of 1000). "
+                            "trainer.resume() continues this fit.")
+    assert r['handler_back']   # the handler before fit is back
     assert r['second_fit_batches'] == 16 and r['second_fit_epochs'] == 2
     assert r['second_fit_events'] == [['after_fit', False]]
     assert r['weights_finite']

@@ -529,7 +529,7 @@ def _newest(dir: Path, resume) -> Path:
 @dataclass
 class ResumePlan:
     "Where a resumed fit continues, and the state it loads (see `resume_plan`)."
-    path: Path               # the checkpoint resumed from
+    path: Path | None        # the checkpoint resumed from (None: a fit stopped in memory, `Trainer.resume`)
     state: dict              # what `trainer.state_dict()` returned at the save (tensors included)
     epoch: int               # the epoch to continue in
     batch: int               # batches of it already done (0: from its start)
@@ -776,7 +776,7 @@ class _CheckpointEvents(_CheckpointSaving):
         self.saved, self._saved_step, self._in_epoch, self._epoch_ended = [], None, None, False
         self._fit_start = t.state.epoch if plan is None else plan.fit_start
         self._resume_rng = None if plan is None else plan.epoch_rng
-        self._resumed_from = None if plan is None else Path(plan.path)
+        self._resumed_from = None if plan is None or plan.path is None else Path(plan.path)   # (None: in memory)
         self._open()
         self._warn_unreported_monitor()
         if t.is_main_process:

@@ -4,11 +4,11 @@
 
 # %% ../nbs/00_core.ipynb #b5c8a14b
 from __future__ import annotations
-import contextlib, copy, inspect, itertools, math, sys, time, traceback, warnings
+import contextlib, copy, inspect, itertools, math, signal, sys, threading, time, traceback, warnings
 from collections.abc import Mapping, Sequence
 
 # %% auto #0
-__all__ = ['Trainer', 'log_scalar', 'PrintMetrics']
+__all__ = ['Trainer', 'FitStopped', 'log_scalar', 'PrintMetrics']
 
 # %% ../nbs/00_core.ipynb #b4e41a61
 import torch
@@ -26,7 +26,7 @@ from .recorder import Recorder
 from .progress import Progress
 from .liveplot import LivePlot
 from .hooks import CompileTimer
-from .checkpoint import checkpoint_hooks, close_runs, resume_plan
+from .checkpoint import ResumePlan, checkpoint_hooks, close_runs, resume_plan
 from .lr_find import lr_find
 from .trackers import Trackers
 from .workflow import (fine_tune, freeze, group_lrs, largest_batch_size, model_summary, quick_fit, split, unfreeze)
@@ -73,6 +73,7 @@ class Trainer:
         self.train_dl, self.valid_dl, self._prepared = train_dl, valid_dl, {}
         self.state, self.losses, self.logged, self.hooks = LoopState(), LossLog(), LoggedValues(), []
         self.fitting, self.dev_run, self.dev_run_calls, self.phase, self.resumed = False, False, None, None, None
+        self._stop_asked, self._stopped = False, None   # (see "Stop and continue")
         self.batch = self.preds = self.loss = self.out = None
         self.valid_results, self.epoch_results, self.cancelled, self.eval_samples = {}, {}, None, None
         self.config = None   # the config that rebuilds this trainer, when `trainer_nb.registry` made it
@@ -105,32 +106,43 @@ class Trainer:
         self._plain = _Plain(self)   # (see "The step" below)
         self._eval_every = eval_every
         self.resumed = start = None
-        if resume is not None:
-            self.resumed = resume_plan(self, resume)   # (it opens the run directory: closed again if this fails)
+        if resume is not None:   # a checkpoint (its run directory is opened: closed again if this fails), or in memory
+            self.resumed = resume.load(self) if isinstance(resume, _StoppedFit) else resume_plan(self, resume)
             start = _apply_plan(self, self.resumed, epochs, max_steps)
-        self.fitting, self.cancelled, self.phase = True, None, None
+        fit_start = s.epoch if self.resumed is None else self.resumed.fit_start
+        self.fitting, self.cancelled, self.phase, self._stopped, self._stop_asked = True, None, None, None, False
         _ACTIVE.append(self)   # where `log_scalar` sends values
+        old_sigint = _catch_stop_button(self)   # the stop button asks for a stop after the batch (see below)
         try:
             self._calls.run('before_fit')
             while s.epoch < s.epochs and not (s.max_step and s.step >= s.max_step):
+                if self._stop_asked: raise _StopHere(0)   # asked during the last epoch's end
                 self._epoch(dl, start)
                 start = None
                 s.epoch += 1
         except CancelFit as e:
             self.cancelled = e
             self._calls.run_all('after_cancel')
+        except _StopHere as e:   # the stop button (or `stop()`) between two batches: `resume()` continues
+            _cleanup(self)
+            self.cancelled = stop = _stopped_fit(self, e.done, fit_start, epochs, max_steps, eval_every)
+            self._calls.run_all('after_cancel')
+            raise stop from None
         except BaseException as e:
-            self.cancelled = e
+            self.cancelled = e = _interrupted(self, e)   # (the stop button pressed twice: a short message)
             _explain(self, e)
             _cleanup(self)
             self._calls.run_all('after_cancel')
+            if isinstance(e, FitStopped): raise e from None
             raise
         finally:
             _cleanup(self)
             self.fitting, self.phase = False, None
             _ACTIVE.remove(self)
             try: self._calls.run_all('after_fit')
-            finally: self.resumed = None
+            finally:
+                self.resumed = None
+                _release_stop_button(old_sigint)
 
     def _epoch(self, dl, start=None):
         "One epoch: its batches (from `start`, a resumed position, if given), its losses to the host, validation."
@@ -150,6 +162,7 @@ class Trainer:
                     _validate_in_epoch(self)   # (not at the epoch's last batch: the epoch's validation follows)
                 s.batch += 1
                 if s.step >= stop: break   # `max_steps` reached: the epoch ends here, and the fit with it
+                if self._stop_asked and self.accelerator.sync_gradients: raise _StopHere(s.batch)   # (at a step)
             if s.batch == 0 and s.n_batches == 0: raise ValueError("train_dl yielded no batches")
         except CancelEpoch: _drop_unfinished(self)
         finally:   # an Accelerate loader left part-way stays registered as the one iterated: end it
@@ -534,6 +547,21 @@ class Trainer:
         "The largest of `start`, `start / 2`, ... at which `steps` training steps fit in memory (see `workflow`)."
         return largest_batch_size(self, start, steps)
 
+    # ---- stop and continue ----
+    def stop(self):
+        "Ask the running fit to stop after the current batch, as the stop button does; `resume()` then continues it."
+        self._stop_asked = True
+
+    @property
+    def stopping(self) -> bool:
+        "Whether a stop was asked (the stop button, or `stop()`) during the running fit."
+        return self._stop_asked
+
+    def resume(self):
+        """Continue the fit that the stop button (or `stop()`) ended, from where it stopped: the same schedule,
+        position and data order, in memory (no checkpoint). It ends with the weights an uninterrupted fit would have."""
+        return _resume_stopped(self)
+
 # %% ../nbs/00_core.ipynb #95cc96ee
 _NOT_A_DICT = ("With no loss_func or train_step, batches must be dicts, passed as model(**batch) to a model that "
                "returns its loss; got a {}: pass loss_func= (for (x, y) batches) or train_step=")
@@ -747,8 +775,11 @@ _END = object()
 
 def _epoch_batches(t, dl, start):
     "`(loader, iterator)` of an epoch: `dl` from its start, or past the batches a resumed epoch had done."
-    if start is None: return dl, iter(dl)
+    if start is None:
+        t._epoch_rng = rng_state(dl)   # the generators the epoch's order is drawn from (for a stop inside it)
+        return dl, iter(dl)
     done, epoch_rng, rng, replay = start
+    t._epoch_rng = epoch_rng
     if epoch_rng is not None: set_rng_state(epoch_rng, dl)   # the epoch's data order, as when it started
     if replay or isinstance(getattr(dl, 'dataset', None), IterableDataset):
         if not replay and t.is_main_process:
@@ -810,9 +841,99 @@ def _fit_scheduled(t, epochs, lr, factory, resume, max_steps=None, eval_every=No
     try:
         with t.temporary(scheduler_func=factory):
             t.fit(epochs, lr=lr, resume=resume, max_steps=max_steps, eval_every=eval_every)
+    except FitStopped:   # `resume()` comes back here, with the same schedule
+        if t._stopped is not None: t._stopped.scheduled = True
+        raise
     finally:
         for g, m in zip(groups, moms): g.update(m)
         t.lr = t.lrs   # every group back to its base LR
+
+# %% ../nbs/00_core.ipynb #8a62d9d5
+class FitStopped(KeyboardInterrupt):
+    """A fit ended by the stop button (`SIGINT`) or `Trainer.stop()`. `resumable`: it stopped between two batches, and
+    `Trainer.resume()` continues it. A `KeyboardInterrupt`, so that it stops a "run all"; IPython shows its one line."""
+    def __init__(self, msg: str = '', resumable: bool = False):
+        super().__init__(msg)
+        self.resumable = resumable
+
+    def _render_traceback_(self) -> list[str]:   # IPython shows this in place of the traceback
+        return [f"\x1b[0;31m{type(self).__name__}\x1b[0m: {self}"]
+
+class _StopHere(BaseException):
+    "The loop stopping where a stop was asked (`done`: batches of the epoch done); `fit` turns it into `FitStopped`."
+    def __init__(self, done: int): self.done = done
+
+class _PressedTwice(KeyboardInterrupt): "The stop button pressed again during a fit: stop now, inside the batch."
+
+def _catch_stop_button(t):
+    """In the main thread of a single process, make the stop button (`SIGINT`) ask `t`'s fit to stop after the batch,
+    and a second press stop it at once. Returns what `_release_stop_button` puts back (None: nothing changed)."""
+    if threading.current_thread() is not threading.main_thread() or t.accelerator.num_processes > 1: return None
+    def pressed(signum, frame):
+        if not t.fitting: raise KeyboardInterrupt   # (its hooks' end: as without the trainer)
+        if t._stop_asked: raise _PressedTwice()
+        t._stop_asked = True
+    return (signal.signal(signal.SIGINT, pressed),)
+
+def _release_stop_button(old):
+    if old is not None: signal.signal(signal.SIGINT, signal.SIG_DFL if old[0] is None else old[0])
+
+# %% ../nbs/00_core.ipynb #b7fd02ee
+class _StoppedFit:
+    "A fit stopped between two batches: what `resume()` needs to continue it exactly, a `ResumePlan` in memory first."
+    def __init__(self, t, done: int, fit_start: int, epochs, max_steps, eval_every):
+        s = t.state
+        self.plan = ResumePlan(path=None, state=copy.deepcopy(t.state_dict()), epoch=s.epoch, batch=done,
+                               epoch_rng=t._epoch_rng if done else None, rng=rng_state(t.train_loader),
+                               replay=any(h.replay_batches for h in checkpoint_hooks(t)), fit_start=fit_start,
+                               stopped=None)
+        # the hyperparameters the schedules set (LR, momentum): `fit_one_cycle`... puts back its own when it ends
+        self.groups = {k: copy.deepcopy([{n: v for n, v in g.items() if n != 'params'} for g in o.param_groups])
+                       for k, o in t.optimizers.items()}
+        self.epochs, self.max_steps, self.eval_every = epochs, max_steps, eval_every
+        self.train_dl, self.valid_dl, self.scheduler_func = t.train_dl, t.valid_dl, t.scheduler_func
+        self.scheduled = False   # stopped in `fit_one_cycle`, `fit_cosine`...: resumed through the same door
+
+    def load(self, t) -> ResumePlan:
+        "Put back the optimizers' hyperparameters as the stop left them; the plan for `fit` to apply."
+        for k, o in t.optimizers.items():
+            for g, saved in zip(o.param_groups, self.groups[k]): g.update(saved)
+        return self.plan
+
+def _stopped_fit(t, done: int, fit_start: int, epochs, max_steps, eval_every) -> FitStopped:
+    "Keep what `resume()` needs (not in a quick check); the exception `fit` raises, its line saying where it stopped."
+    s, n = t.state, t.state.n_batches
+    if not t.dev_run: t._stopped = _StoppedFit(t, done, fit_start, epochs, max_steps, eval_every)
+    left = n and math.ceil((n - done) / t.grad_accum) + (s.epochs - s.epoch - 1) * t.steps_per_epoch
+    total = s.max_step or (n and s.step + left)
+    where = (f"at epoch {s.epoch + 1} of {s.epochs}, batch {done}" + (f" of {n}" if n else '') if done
+             else f"before epoch {s.epoch + 1} of {s.epochs}")
+    how = "trainer.resume() continues this fit." if not t.dev_run else "A quick check: nothing to resume."
+    return FitStopped(f"Stopped {where} (step {s.step}" + (f" of {total}" if total else '') + f"). {how}",
+                      resumable=not t.dev_run)
+
+def _interrupted(t, e: BaseException) -> BaseException:
+    "A second press of the stop button: a `FitStopped` that says where, and that the fit can't be resumed."
+    if not isinstance(e, _PressedTwice): return e
+    s = t.state
+    where = (f"inside batch {s.batch + 1} of epoch {s.epoch + 1}" if t.phase == 'train'
+             else f"in epoch {s.epoch + 1} ({t.phase or 'before it'})")
+    return FitStopped(f"Interrupted {where} (the stop button pressed twice): that batch was cut short, so this fit "
+                      "can't be continued exactly (trainer.resume() refuses); the weights are as it left them")
+
+def _resume_stopped(t):
+    "`Trainer.resume`: the stopped fit again, through the door it came by, with its plan in memory."
+    st = t._stopped
+    if st is None:
+        why = (": the last fit was interrupted inside a batch (the stop button pressed twice)"
+               if isinstance(t.cancelled, FitStopped) else "")
+        raise RuntimeError(f"Nothing to resume{why}. trainer.resume() continues a fit that the stop button (or "
+                           "trainer.stop()) ended between two batches; to train, call fit (or fit_one_cycle...)")
+    with t.temporary(train_dl=st.train_dl, valid_dl=st.valid_dl):
+        if st.scheduled: _fit_scheduled(t, st.epochs, None, st.scheduler_func, st, st.max_steps, st.eval_every)
+        else:
+            with t.temporary(scheduler_func=st.scheduler_func):
+                t.fit(st.epochs, resume=st, max_steps=st.max_steps, eval_every=st.eval_every)
 
 # %% ../nbs/00_core.ipynb #b152e0ad
 def _loader_parts(dl):
@@ -1046,7 +1167,7 @@ def _loader_counters(dl) -> list:
 # %% ../nbs/00_core.ipynb #602b9532
 class _Rewind:
     "Everything a fit can change in trainer `t`, as it is now; `restore()` puts it back exactly."
-    results = ('schedulers', 'epoch_results', 'valid_results', 'cancelled', 'eval_samples')
+    results = ('schedulers', 'epoch_results', 'valid_results', 'cancelled', 'eval_samples', '_stopped')
 
     def __init__(self, t, hooks: bool):
         self.t, self.loader = t, t.train_loader
