@@ -76,6 +76,7 @@ def _fmt_val(k, v) -> str:
 def _status(cancelled) -> str:
     if cancelled is None: return 'done'
     if isinstance(cancelled, CancelFit): return 'stopped early' + (f" ({cancelled})" if str(cancelled) else '')
+    if getattr(cancelled, 'resumable', False): return 'stopped (trainer.resume() continues)'   # the stop button
     if isinstance(cancelled, KeyboardInterrupt): return 'interrupted'
     return f"failed: {type(cancelled).__name__}" + (f": {cancelled}" if str(cancelled) else '')
 
