@@ -178,6 +178,7 @@ def test_new_fit_forgets_the_stopped_one(make_trainer):
         t.resume()
 
 
+@pytest.mark.filterwarnings('ignore:lr_find')
 def test_lr_find_between_stop_and_resume_keeps_the_stopped_fit():
     "lr_find puts the trainer back as it was, the stopped fit included: resume still ends as an uninterrupted fit."
     ref = trainer()
@@ -196,3 +197,25 @@ def test_stop_in_limit_batches_resumes_with_the_same_batches(make_trainer):
         t.fit(3, limit_batches=2)
     t.resume()    # the same two batches an epoch, not the whole train_dl
     assert t.state.iteration == 6 and t.state.epoch == 3 and len(t.train_dl) == 6
+
+
+def test_stop_inside_lr_find_says_nothing_to_resume(make_trainer):
+    "lr_find undoes its sweep, so a stop there leaves nothing to resume, and says so (a fit stopped before stays)."
+    t = make_trainer(hooks=[StopAt([2])])
+    with pytest.raises(FitStopped):
+        t.fit(2)
+    calls = []
+    class StopsInForward(torch.nn.Module):   # the sweep runs no hook of the trainer's: the model asks for the stop
+        def __init__(self, net):
+            super().__init__()
+            self.net = net
+        def forward(self, x):
+            calls.append(1)
+            if len(calls) == 3: t.stop()
+            return self.net(x)
+    with t.temporary(model=StopsInForward(t.model)):
+        with pytest.raises(FitStopped, match='put back as it was before .*nothing to resume') as info:
+            t.lr_find(num_it=20, show=False)
+    assert not info.value.resumable and len(calls) == 3
+    t.resume()   # the fit stopped before the sweep
+    assert t.state.iteration == 12

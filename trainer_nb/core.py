@@ -437,6 +437,10 @@ class Trainer:
                 self.hooks = []
                 self.add_hooks(*hooks)
             yield self
+        except FitStopped as e:   # stopped inside a block that undoes its fit (`lr_find`...): nothing to resume
+            if snap is None or not e.resumable: raise
+            raise FitStopped("Stopped; the trainer is put back as it was before (this call undoes what it trains): "
+                             "nothing to resume") from None
         finally:
             if hooks is not None:
                 for h in self.hooks: h.trainer = None
