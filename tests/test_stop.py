@@ -219,3 +219,38 @@ def test_stop_inside_lr_find_says_nothing_to_resume(make_trainer):
     assert not info.value.resumable and len(calls) == 3
     t.resume()   # the fit stopped before the sweep
     assert t.state.iteration == 12
+
+
+class Fails(Hook):
+    def after_batch(self):
+        assert signal.getsignal(signal.SIGINT) is not self.before   # the fit's own handler, during the fit
+        raise ValueError('boom')
+
+
+def test_handler_put_back_when_fit_fails(make_trainer):
+    fails = Fails()
+    fails.before = signal.getsignal(signal.SIGINT)
+    t = make_trainer(hooks=[fails])
+    with pytest.raises(ValueError, match='boom'):
+        t.fit(1)
+    assert signal.getsignal(signal.SIGINT) is fails.before
+
+
+def test_fit_in_another_thread_installs_no_handler_and_stop_works(make_trainer):
+    "Signals reach the main thread only: a fit in another thread leaves the handler alone; `stop()` still stops it."
+    import threading
+    before, seen, out = signal.getsignal(signal.SIGINT), [], {}
+    class Look(Hook):
+        def after_batch(self): seen.append(signal.getsignal(signal.SIGINT))
+    t = make_trainer(hooks=[Look(), StopAt([3])])
+    def run():
+        try: t.fit(2)
+        except FitStopped as e: out['e'] = e
+    th = threading.Thread(target=run)
+    th.start()
+    th.join()
+    assert out['e'].resumable and t.state.iteration == 3 and seen and all(h is before for h in seen)
+    th = threading.Thread(target=t.resume)
+    th.start()
+    th.join()
+    assert t.state.iteration == 12 and t.cancelled is None
