@@ -558,7 +558,7 @@ class Trainer:
 
     @property
     def stopping(self) -> bool:
-        "Whether a stop was asked (the stop button, or `stop()`) during the running fit."
+        "Whether a stop was asked (the stop button, or `stop()`) during the running (or the last) fit."
         return self._stop_asked
 
     def resume(self):
@@ -920,10 +920,11 @@ def _interrupted(t, e: BaseException) -> BaseException:
     "A second press of the stop button: a `FitStopped` that says where, and that the fit can't be resumed."
     if not isinstance(e, _PressedTwice): return e
     s = t.state
-    where = (f"inside batch {s.batch + 1} of epoch {s.epoch + 1}" if t.phase == 'train'
-             else f"in epoch {s.epoch + 1} ({t.phase or 'before it'})")
-    return FitStopped(f"Interrupted {where} (the stop button pressed twice): that batch was cut short, so this fit "
-                      "can't be continued exactly (trainer.resume() refuses); the weights are as it left them")
+    where = (f"inside batch {s.batch + 1} of epoch {s.epoch + 1}" if t.phase == 'train' else
+             f"while validating in epoch {s.epoch + 1}" if t.phase in ('valid', 'valid_step') else
+             f"in epoch {s.epoch + 1}")
+    return FitStopped(f"Interrupted {where} (the stop button pressed twice): cut short there, this fit can't be "
+                      "continued exactly (trainer.resume() refuses); the weights are as it left them")
 
 def _resume_stopped(t):
     "`Trainer.resume`: the stopped fit again, through the door it came by, with its plan in memory."
