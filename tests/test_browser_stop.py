@@ -127,3 +127,57 @@ def test_jupyterlab_stop_button_then_resume(tmp_path):
             page.screenshot(path=str(shot2))
             print(f"\nscreenshots: {shot} {shot2}")
     assert 'RESUMED 150 True' in outs[2], outs[2]
+
+
+def test_nbclient_second_interrupt_stops_inside_the_batch(tmp_path, monkeypatch):
+    "Two real interrupts: the second one ends the fit inside the batch it waits in; resume() then refuses, saying why."
+    import nbformat
+    from nbclient import NotebookClient
+    env = jupyter_env(tmp_path)
+    for k in ('JUPYTER_PATH', 'JUPYTER_CONFIG_DIR', 'JUPYTER_RUNTIME_DIR', 'JUPYTER_DATA_DIR', 'IPYTHONDIR',
+              'MPLBACKEND'):
+        monkeypatch.setenv(k, env[k])
+    first, second = tmp_path / 'first', tmp_path / 'second'
+    setup = cells(tmp_path / 'unused')[0]
+    fit = f"""\
+class Stuck(Hook):
+    "In batch 31, waits for the stop button; then, still in that batch, for a second press."
+    def after_loss(self):
+        if self.trainer.state.iteration == 30:
+            open({str(first)!r}, 'w').close()
+            while not self.trainer.stopping: time.sleep(0.005)
+            open({str(second)!r}, 'w').close()
+            while True: time.sleep(0.005)
+
+tr = make(Stuck())
+tr.fit_one_cycle(3, lr_max=1e-2)"""
+    after = """\
+print('ITERATION', tr.state.iteration, 'LOSSES', len(tr.losses))
+try: tr.resume()
+except RuntimeError as e: print('REFUSED', e)"""
+    path = tmp_path / 'run.ipynb'
+    write_notebook(path, [setup, fit, after])
+    nb = nbformat.read(str(path), as_version=4)
+    client = NotebookClient(nb, timeout=300, kernel_name=KERNEL, allow_errors=True,
+                            resources={'metadata': {'path': str(tmp_path)}})
+
+    async def press_twice():
+        for f in (first, second):
+            while not f.exists(): await asyncio.sleep(0.02)
+            await client.km.interrupt_kernel()
+
+    async def run():
+        async with client.async_setup_kernel():
+            await client.async_execute_cell(nb.cells[0], 0)
+            presser = asyncio.ensure_future(press_twice())
+            await client.async_execute_cell(nb.cells[1], 1)
+            await presser
+            await client.async_execute_cell(nb.cells[2], 2)
+    asyncio.run(run())
+
+    errors = [o for o in nb.cells[1].outputs if o.output_type == 'error']
+    assert len(errors) == 1 and errors[0].ename == 'FitStopped' and len(errors[0].traceback) == 1, errors
+    assert 'Interrupted inside batch 31 of epoch 1 (the stop button pressed twice)' in errors[0].traceback[0]
+    text = ''.join(o.get('text', '') for o in nb.cells[2].outputs)
+    assert 'ITERATION 30 LOSSES 30' in text, text          # the cut batch is not counted, nor its loss kept
+    assert 'REFUSED Nothing to resume: the last fit was interrupted inside a batch' in text, text
