@@ -155,7 +155,8 @@ def show_doc_anchors(nb: dict) -> set:
     for name, c, o in entries:
         if last[name] is not o: c['outputs'].remove(o); continue
         md = re.sub(r'^\s*---\s*\n', '', _text(o['data']['text/markdown']))   # (nbdev's leading rule)
-        o['data']['text/markdown'] = f'<a id="{name}"></a>\n\n' + md
+        # (a plain name is already the id of the entry's heading: a second element with that id would be invalid)
+        o['data']['text/markdown'] = md if re.fullmatch(r'[a-z0-9]+', name) else f'<a id="{name}"></a>\n\n' + md
         anchors.add(name)
     return anchors
 
@@ -247,6 +248,8 @@ def true_signatures(nb: dict, ns: dict) -> int:
             md = o.get('data', {}).get('text/markdown')
             if md is None or '```python' not in _text(md): continue
             md = re.sub(r'```python\n.*?\n```', lambda _: f"```python\n{sig}\n```", _text(md), count=1, flags=re.S)
+            # the docstring as it is written: nbdev sets its first source line (half a sentence, often) in italics
+            md = re.sub(r'(```\n\n)\*([^\n]+)\*(\n|$)', r'\1\2\3', md, count=1)
             table = param_table(obj, m[1])
             o['data']['text/markdown'] = md.rstrip() + (f"\n\n{table}\n" if table else '\n')
             n += 1
