@@ -274,7 +274,8 @@ def tidy(proc: Path, doc_host: str) -> tuple[list[str], list[str], list[str]]:
             lead = f"\n\n> {fm['description']}" if fm.get('description') else ''
             # `- keywords: a, b` in the first cell: main index entries, which the site's search ranks first
             words = [w.strip() for w in str(fm.get('keywords') or '').split(',') if w.strip()]
-            index = ''.join(f"```{{index}} !{w}\n```\n\n" for w in words)   # (before the title: they point at it)
+            # one directive (one target: search lists the page once), before the title (the target is the title)
+            index = f"```{{index}} {', '.join('!' + w for w in words)}\n```\n\n" if words else ''
             cells[0] = {'cell_type': 'markdown', 'metadata': {}, 'source': f"{index}# {title}{lead}"}
         nbs[src] = nb
         pages[src.stem] = Path(fm.get('output-file', src.stem + '.html')).stem
