@@ -16,11 +16,14 @@ root_doc = 'index'
 exclude_patterns = ['_build', '**.ipynb_checkpoints', 'sidebar.yml', '_quarto.yml']
 nb_execution_mode = 'off'          # tools/build_docs.py has run the notebooks already
 nb_output_stderr = 'remove'
+nb_render_markdown_format = 'gfm'   # markdown outputs (show_doc's) with tables: the parameter tables
 # a widget view needs the widget manager's JavaScript from a CDN: show the static form the output also carries
 nb_mime_priority_overrides = [('html', 'application/vnd.jupyter.widget-view+json', None)]
 myst_enable_extensions = ['colon_fence', 'dollarmath']
 html_theme = 'furo'
 html_title = f"{project} {release}"
+html_static_path = ['_static']
+html_css_files = ['custom.css']   # a wider column for code, tables and images that fit a phone (see the file)
 html_math_renderer = 'mathml'
 suppress_warnings = ['mystnb.unknown_mime_type', 'misc.highlighting_failure']
 myst_all_links_external = True   # nbdev's links to symbols are plain relative URLs ('core.html#trainer')

@@ -6,6 +6,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 MODULES = sorted(p.stem[3:] for p in (ROOT / 'nbs').glob('[0-9][0-9]_*.ipynb'))   # page names
+MODULES_IN_ORDER = [p.stem[3:] for p in sorted((ROOT / 'nbs').glob('[0-9][0-9]_*.ipynb'))]
 
 
 def module_of(page: str) -> str:
@@ -55,6 +56,27 @@ def test_tutorial_is_the_first_page_after_home(docs_site):
     assert nav and nav[0] == 'tutorial.html', nav
     assert nav.index('tutorial.html') < min(nav.index(f"{m}.html") for m in MODULES)
     assert re.search(r'<a class="next-page" href="tutorial.html"', home)   # "Next" from the home page
+
+
+def test_sidebar_is_grouped(docs_site):
+    """The sidebar of every page: Tutorials (the tutorial first), How-to (the `howto_*` notebooks), Reference (the
+    modules, in their notebooks' order), and no entry set in bold (a title like `__main__` is text, not markup)."""
+    howtos = sorted(p.stem for p in (ROOT / 'nbs').glob('howto_*.ipynb'))
+    assert 'howto_write_a_hook' in howtos
+    for page in docs_site.glob('*.html'):
+        html = page.read_text()
+        tree = re.search(r'<div class="sidebar-tree">(.*?)</div>', html, re.S)
+        if tree is None: continue
+        groups = re.findall(r'<span class="caption-text">([^<]+)</span></p>\s*<ul[^>]*>(.*?)</ul>', tree[1], re.S)
+        names = {cap: [re.sub(r'\.html$', '', h) for h in re.findall(r'href="([\w-]+\.html|#)"', ul)]
+                 for cap, ul in groups}
+        assert list(names) == ['Tutorials', 'How-to', 'Reference'], (page.name, list(names))
+        here = page.stem
+        names = {cap: [here if n == '#' else n for n in ns] for cap, ns in names.items()}
+        assert names['Tutorials'][0] == 'tutorial' and 'own_models' in names['Tutorials'], names
+        assert names['How-to'] == howtos and names['Reference'] == MODULES_IN_ORDER, (page.name, names)
+        assert '<strong>' not in tree[1] and '<b>' not in tree[1], page.name
+        assert re.search(r'href="(main\.html|#)">__main__</a>', tree[1]), page.name
 
 
 def test_pages_show_what_the_notebooks_draw(docs_site):

@@ -5,12 +5,14 @@
    the library changed since its last run (`--no-cache` runs them all).
 2. Process: nbdev turns the executed notebooks into pages (show_doc output, hidden cells, directives) in _proc/.
 3. Tidy: the pages become Sphinx pages; widgets, which need JavaScript from the network, give way to the static
-   form each output carries (a PNG, HTML), and links between notebooks become links between pages.
+   form each output carries (a PNG, HTML), and links between notebooks become links between pages. Each show_doc
+   entry gets the true signature (`inspect.signature`) and a table of its parameters (name, type, default and the
+   meaning its docments comment or numpy-style "Parameters" section gives).
 4. Render: Sphinx with myst-nb and the furo theme, with navigation and search, into _docs/.
 
 Usage: python tools/build_docs.py [--strict] [--no-cache]   (--strict: Sphinx warnings are errors)
 """
-import hashlib, json, os, re, shutil, subprocess, sys, tempfile, time
+import hashlib, importlib, inspect, json, os, re, shutil, subprocess, sys, tempfile, time
 from concurrent.futures import ProcessPoolExecutor
 from multiprocessing import get_context
 from pathlib import Path
@@ -19,6 +21,7 @@ ROOT = Path(__file__).resolve().parent.parent
 EXEC = ROOT / '_exec'      # executed copies of the notebooks (a cache: not committed)
 WIDGET = 'application/vnd.jupyter.widget-view+json'
 STATIC = ('image/png', 'image/jpeg', 'image/svg+xml', 'text/html', 'text/markdown', 'text/latex')
+SIG_WIDTH = 88             # signatures are wrapped to lines this long (code blocks fit the page without a scroll)
 SKIP_FLAGS = ('notest', 'slow')   # cells nbdev_test skips (settings.ini's tst_flags) are not run for the docs either
 
 def _text(x): return ''.join(x) if isinstance(x, list) else x
@@ -133,13 +136,18 @@ def _link_symbols(md: str, anchors: dict) -> str:
         return m[0] if known is None or m[3] in known else m[1]
     return _SYMBOL_LINK.sub(sub, md)
 
+def _show_doc_call(c: dict):
+    "The match of `_SHOW_DOC` in a code cell (`m[1]`: the name shown), below the directives nbdev put on top of it."
+    if c['cell_type'] != 'code': return None
+    return _SHOW_DOC.match('\n'.join(l for l in _text(c['source']).splitlines() if not l.startswith('#|')))
+
 def show_doc_anchors(nb: dict) -> set:
     """Give each show_doc entry the anchor nbdev's links point to (`#trainer.lr_find` for `show_doc(Trainer.lr_find)`);
     an entry shown twice (nbdev adds one for a function patched onto a class that the notebook documents by hand)
     keeps its last place. Returns the anchors."""
     entries = []
     for c in nb['cells']:
-        m = _SHOW_DOC.match(_text(c['source'])) if c['cell_type'] == 'code' else None
+        m = _show_doc_call(c)
         outs = [o for o in c.get('outputs', []) if 'text/markdown' in o.get('data', {})]
         if m and outs: entries.append((m[1].lower(), c, outs[0]))
     anchors, last = set(), {}
@@ -147,16 +155,113 @@ def show_doc_anchors(nb: dict) -> set:
     for name, c, o in entries:
         if last[name] is not o: c['outputs'].remove(o); continue
         md = re.sub(r'^\s*---\s*\n', '', _text(o['data']['text/markdown']))   # (nbdev's leading rule)
-        o['data']['text/markdown'] = f'<a id="{name}"></a>\n\n' + md
+        # (a plain name is already the id of the entry's heading: a second element with that id would be invalid)
+        o['data']['text/markdown'] = md if re.fullmatch(r'[a-z0-9]+', name) else f'<a id="{name}"></a>\n\n' + md
         anchors.add(name)
     return anchors
 
-def tidy(proc: Path, doc_host: str) -> tuple[list[str], list[str]]:
+# ---- 3b. signatures and parameter tables ----
+
+def _default(v) -> str:
+    "A default value as a reader would write it: a class or function by its shortest public dotted name."
+    if not (inspect.isclass(v) or inspect.isfunction(v)): return repr(v)
+    mod = getattr(v, '__module__', '') or ''
+    parts = mod.split('.')
+    for i in range(1, len(parts) + 1):   # torch.optim.adamw.AdamW -> torch.optim.AdamW
+        m = sys.modules.get('.'.join(parts[:i]))
+        if m is not None and getattr(m, v.__qualname__, None) is v: return f"{'.'.join(parts[:i])}.{v.__qualname__}"
+    return v.__qualname__
+
+def _anno(p) -> str:
+    if p is inspect.Parameter.empty: return ''
+    return p if isinstance(p, str) else inspect.formatannotation(p)
+
+def _params(obj, name: str) -> list:
+    "The parameters a caller passes: those of `inspect.signature`, less the `self` of a method shown as `Class.meth`."
+    ps = list(inspect.signature(obj).parameters.values())
+    if '.' in name and ps and ps[0].name in ('self', 'cls') and not inspect.ismethod(obj): ps = ps[1:]
+    return ps
+
+def signature_text(obj, name: str) -> str:
+    "`name(...)` as `inspect.signature` has it, wrapped to `SIG_WIDTH` columns."
+    P, parts, star = inspect.Parameter, [], False
+    ps = _params(obj, name)
+    for i, p in enumerate(ps):
+        if p.kind is P.KEYWORD_ONLY and not star: parts.append('*'); star = True
+        if p.kind is P.VAR_POSITIONAL: star = True
+        a, d = _anno(p.annotation), '' if p.default is P.empty else _default(p.default)
+        pre = '*' if p.kind is P.VAR_POSITIONAL else '**' if p.kind is P.VAR_KEYWORD else ''
+        parts.append(pre + p.name + (f": {a}" if a else '') + ((' = ' if a else '=') + d if d else ''))
+        last_positional = p.kind is P.POSITIONAL_ONLY and (i + 1 == len(ps) or ps[i + 1].kind is not P.POSITIONAL_ONLY)
+        if last_positional: parts.append('/')
+    ret = '' if inspect.isclass(obj) else _anno(inspect.signature(obj).return_annotation)
+    ret = f" -> {ret}" if ret else ''
+    one = f"{name}({', '.join(parts)}){ret}"
+    if len(one) <= SIG_WIDTH: return one
+    lines, cur = [], ''
+    for part in parts:
+        if cur and len(cur) + len(part) + 6 > SIG_WIDTH: lines.append(cur + ','); cur = ''
+        cur = f"{cur}, {part}" if cur else part
+    lines.append(cur)
+    return f"{name}(\n" + '\n'.join('    ' + l for l in lines) + f"\n){ret}"
+
+def _cell(s: str) -> str: return s.replace('|', '\\|').replace('\n', ' ')
+
+def param_table(obj, name: str) -> str:
+    """A markdown table of `obj`'s parameters (name, type, default, meaning), the meanings from its docments comments
+    or numpy-style docstring; '' when none has a meaning."""
+    from fastcore.docments import docments
+    try: docs = docments(obj, args_kwargs=True, returns=False)   # (a class: its __init__'s)
+    except Exception: return ''
+    ps = _params(obj, name)
+    if not any(docs.get(p.name) for p in ps): return ''
+    P, rows = inspect.Parameter, ['| Parameter | Type | Default | Meaning |', '|---|---|---|---|']
+    for p in ps:
+        pre = '*' if p.kind is P.VAR_POSITIONAL else '**' if p.kind is P.VAR_KEYWORD else ''
+        a, d = _anno(p.annotation), '' if p.default is P.empty else _default(p.default)
+        rows.append(f"| `{pre}{p.name}` | {f'`{_cell(a)}`' if a else ''} | {f'`{_cell(d)}`' if d else ''} "
+                    f"| {_cell(docs.get(p.name) or '')} |")
+    return '\n'.join(rows)
+
+def _namespace(stem: str) -> dict:
+    "The names a notebook's show_doc calls see: the whole library's, its own module's first."
+    ns = dict(vars(importlib.import_module('trainer_nb.all')))
+    src = ROOT / 'nbs' / f"{stem}.ipynb"
+    m = re.search(r'#\| default_exp ([\w.]+)', src.read_text()) if src.exists() else None
+    if m: ns.update(vars(importlib.import_module(f"trainer_nb.{m[1]}")))
+    return ns
+
+def true_signatures(nb: dict, ns: dict) -> int:
+    """Give each show_doc entry the signature `inspect.signature` reports (nbdev's own guesses a type from a default,
+    `resume:NoneType=None`, and shows a class without an `__init__` as `(*args, **kwargs)`), and a parameter table.
+    Returns the number of entries rewritten."""
+    n = 0
+    for c in nb['cells']:
+        m = _show_doc_call(c)
+        if not m: continue
+        try:
+            obj = ns[m[1].split('.')[0]]
+            for part in m[1].split('.')[1:]: obj = getattr(obj, part)
+            sig = signature_text(obj, m[1])
+        except (KeyError, AttributeError, TypeError, ValueError): continue
+        for o in c.get('outputs', []):
+            md = o.get('data', {}).get('text/markdown')
+            if md is None or '```python' not in _text(md): continue
+            md = re.sub(r'```python\n.*?\n```', lambda _: f"```python\n{sig}\n```", _text(md), count=1, flags=re.S)
+            # the docstring as it is written: nbdev sets its first source line (half a sentence, often) in italics
+            md = re.sub(r'(```\n\n)\*([^\n]+)\*(\n|$)', r'\1\2\3', md, count=1)
+            table = param_table(obj, m[1])
+            o['data']['text/markdown'] = md.rstrip() + (f"\n\n{table}\n" if table else '\n')
+            n += 1
+    return n
+
+def tidy(proc: Path, doc_host: str) -> tuple[list[str], list[str], list[str]]:
     """Make nbdev's processed notebooks Sphinx pages: front matter (a raw YAML cell, for Quarto) becomes a title and
     a lead line, pages take the name nbdev gave their HTML file, links to symbols and to notebooks become relative
     (and a link to a symbol with no entry plain code), widget outputs give way to their static form, and show_doc
-    output loses its leading rule and its link to a source host, and gets an anchor. Returns the page names in order:
-    guides (notebooks with no number; the tutorial first) first, then the modules."""
+    output loses its leading rule and its link to a source host, and gets an anchor and its true signature. Returns
+    the page names in order, by kind: tutorials (notebooks with no number; the tutorial first), how-to guides
+    (`howto_*` notebooks), then the modules."""
     import yaml
     nbs, pages = {}, {}
     for src in sorted(proc.glob('*.ipynb')):
@@ -165,13 +270,19 @@ def tidy(proc: Path, doc_host: str) -> tuple[list[str], list[str]]:
         if cells and cells[0]['cell_type'] == 'raw' and _text(cells[0]['source']).startswith('---'):
             fm = yaml.safe_load(_text(cells[0]['source']).strip().strip('-')) or {}
             title = str(fm.get('title', src.stem)).lstrip('# ').strip()
+            title = re.sub(r'([_*])', r'\\\1', title)   # a title is text: `__main__` is not bold "main"
             lead = f"\n\n> {fm['description']}" if fm.get('description') else ''
-            cells[0] = {'cell_type': 'markdown', 'metadata': {}, 'source': f"# {title}{lead}"}
+            # `- keywords: a, b` in the first cell: main index entries, which the site's search ranks first
+            words = [w.strip() for w in str(fm.get('keywords') or '').split(',') if w.strip()]
+            # one directive (one target: search lists the page once), before the title (the target is the title)
+            index = f"```{{index}} {', '.join('!' + w for w in words)}\n```\n\n" if words else ''
+            cells[0] = {'cell_type': 'markdown', 'metadata': {}, 'source': f"{index}# {title}{lead}"}
         nbs[src] = nb
         pages[src.stem] = Path(fm.get('output-file', src.stem + '.html')).stem
+    for src, nb in nbs.items(): true_signatures(nb, _namespace(src.stem))
     anchors = {pages[src.stem]: show_doc_anchors(nb) for src, nb in nbs.items()}
     def fix(md): return _link_symbols(_relink(md.replace(doc_host, ''), pages), anchors)
-    guides, modules = [], []
+    guides, howtos, modules = [], [], []
     for src, nb in nbs.items():
         static_outputs(nb)
         nb.get('metadata', {}).pop('trainer_nb_docs', None)
@@ -197,9 +308,9 @@ def tidy(proc: Path, doc_host: str) -> tuple[list[str], list[str]]:
         src.unlink()
         (proc / f"{name}.ipynb").write_text(json.dumps(nb, indent=1))
         if src.stem == 'index': continue
-        (modules if re.match(r'\d+_', src.stem) else guides).append(name)
+        (modules if re.match(r'\d+_', src.stem) else howtos if src.stem.startswith('howto_') else guides).append(name)
     guides.sort(key=lambda g: (g != 'tutorial', g))   # the tutorial is the first thing to read
-    return guides, modules
+    return guides, sorted(howtos), modules
 
 def add_toctree(index: Path, sections: list[tuple[str, list[str]]]):
     "Append hidden tables of contents, one per `(caption, page names)`, to the processed home page (not to its source)."
@@ -213,6 +324,7 @@ def add_toctree(index: Path, sections: list[tuple[str, list[str]]]):
 # ---- all four ----
 
 def main():
+    sys.path.insert(0, str(ROOT))   # this checkout's library, for the signatures
     from nbdev.serve import proc_nbs
     from nbdev.config import get_config
     os.chdir(ROOT)
@@ -223,8 +335,8 @@ def main():
     shutil.rmtree(ROOT / '_proc', ignore_errors=True)
     proc = Path(proc_nbs(path=str(EXEC), force=True, n_workers=1))
     cfg = get_config()
-    guides, modules = tidy(proc, cfg.doc_host.rstrip('/') + cfg.doc_baseurl)
-    add_toctree(proc / 'index.ipynb', [('Tutorial', guides), ('API', modules)])
+    guides, howtos, modules = tidy(proc, cfg.doc_host.rstrip('/') + cfg.doc_baseurl)
+    add_toctree(proc / 'index.ipynb', [('Tutorials', guides), ('How-to', howtos), ('Reference', modules)])
     out = ROOT / '_docs'
     shutil.rmtree(out, ignore_errors=True)
     t2 = time.perf_counter()

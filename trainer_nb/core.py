@@ -4,8 +4,8 @@
 
 # %% ../nbs/00_core.ipynb #b5c8a14b
 from __future__ import annotations
-import contextlib, copy, inspect, itertools, math, signal, sys, threading, time, traceback, warnings
-from collections.abc import Mapping, Sequence
+import contextlib, copy, inspect, itertools, math, os, signal, sys, threading, time, traceback, warnings
+from collections.abc import Iterable, Mapping, Sequence
 
 # %% auto #0
 __all__ = ['Trainer', 'FitStopped', 'log_scalar', 'PrintMetrics']
@@ -37,7 +37,11 @@ class Trainer:
     `trainer_nb.base` for the events and the cancel exceptions). Default hooks: `default_hooks`."""
     default_hooks = (Recorder, Progress, LivePlot)   # every trainer gets them unless `default_hooks=False`
 
-    def __init__(self, model: torch.nn.Module, train_dl=None, valid_dl=None, *,
+    def __init__(self,
+                 model: torch.nn.Module,  # the model to train; its forward takes a batch's inputs
+                 train_dl: Iterable | None = None,  # training batches (a DataLoader); needed by fit and lr_find
+                 valid_dl: Iterable | None = None,  # validation batches, evaluated after each epoch
+                 *,
                  loss_func=None,      # `loss_func(preds, targets)` for `(x, y)` batches
                  train_step=None,     # or `train_step(batch, trainer) -> {'loss': ..., ...}`
                  eval_step=None,      # `eval_step(batch, trainer) -> {'loss'?, 'preds', 'targets'}`
@@ -47,14 +51,17 @@ class Trainer:
                  preprocess_preds=None,  # `f(preds, targets) -> preds` per evaluation batch, first (e.g. an argmax)
                  pad_index: int = -100,  # fills ragged predictions and targets up to the longest
                  target_key: str = 'labels',  # with loss_func and dict batches: the key of the targets
-                 hooks=(), default_hooks: bool = True,
+                 hooks=(),            # hook instances (or classes) to add to the default ones
+                 default_hooks: bool = True,  # add `Trainer.default_hooks` (Recorder, Progress, LivePlot)
                  scheduler=None,      # `scheduler(optimizer, total_steps) -> LRScheduler`, built at each fit
                  mixed_precision: str = 'no',  # 'no' | 'bf16' | 'fp16'
-                 grad_accum: int = 1, max_grad_norm: float | None = None,
+                 grad_accum: int = 1,  # batches per optimizer step (gradient accumulation)
+                 max_grad_norm: float | None = None,  # clip the gradients' norm once per optimizer step
                  nan_policy: str = 'raise',    # 'raise' | 'skip' (checks each loss: one host-device sync per batch)
                  sync_every: int = 100,         # batches between moving losses to the host
-                 cpu: bool = False,
-                 log_with=None, project_dir=None,  # experiment trackers: 'tensorboard', 'mlflow' or a list (see below)
+                 cpu: bool = False,   # train on the CPU even when an accelerator is there
+                 log_with=None,       # experiment trackers: 'tensorboard', 'mlflow' or a list (see below)
+                 project_dir=None,    # where the trackers write their logs
                  accelerator: Accelerator | None = None,  # or your own; it then decides the five arguments above
                  optimizers: dict | None = None,  # named optimizers (instances or `f(model)`), in place of opt_func
                  manual: bool = False,  # train_step optimizes by hand (`trainer.backward`, `trainer.step`)
@@ -83,7 +90,11 @@ class Trainer:
         if _wants_trackers(self, log_with, accelerator): self.add_hooks(Trackers())
 
     # ---- the loop: fit -> epoch -> batch -> optimizer step ----
-    def fit(self, epochs: int | None = None, lr=None, resume=None, *,
+    def fit(self,
+            epochs: int | None = None,          # epochs to train, counted from where the trainer is
+            lr: float | list | slice | None = None,  # a number, one per group or `slice(lo, hi)`; None: the trainer's
+            resume: str | os.PathLike | None = None,  # 'last', 'best' or a checkpoint directory to continue from
+            *,
             max_steps: int | None = None,       # end after N optimizer steps (schedules span them); epochs optional
             eval_every: int | None = None,      # also validate every N optimizer steps, inside the epochs
             limit_batches: int | None = None,   # the first N batches of each loader
@@ -499,30 +510,61 @@ class Trainer:
         return keepers[0].history
 
     # ---- the features, one line each ----
-    def fit_one_cycle(self, epochs: int | None = None, lr_max=None, pct_start: float = 0.25, div: float = 25.,
-                      div_final: float = 1e5, moms: tuple | None = (0.95, 0.85), resume=None, *,
-                      max_steps: int | None = None, eval_every: int | None = None, **kw):
+    def fit_one_cycle(self,
+                      epochs: int | None = None,  # epochs to train (the cycle spans them)
+                      lr_max: float | list | slice | None = None,  # the peak LR; None: the trainer's `lr`
+                      pct_start: float = 0.25,   # fraction of the steps spent warming up
+                      div: float = 25.,          # the LR starts at lr_max / div
+                      div_final: float = 1e5,    # and ends at lr_max / div_final
+                      moms: tuple | None = (0.95, 0.85),  # momentum (or beta1) at the ends and at the peak
+                      resume: str | os.PathLike | None = None,  # a checkpoint to continue from, as in `fit`
+                      *,
+                      max_steps: int | None = None,   # or N optimizer steps (the cycle spans them)
+                      eval_every: int | None = None,  # also validate every N optimizer steps
+                      **kw):                     # more `one_cycle` arguments (`OneCycleLR`'s anneal_strategy...)
         """Fit `epochs` epochs (or `max_steps` steps) with a one-cycle schedule peaking at `lr_max` (default: the
         trainer's `lr`): `one_cycle`."""
         _fit_scheduled(self, epochs, lr_max, one_cycle(None, pct_start, div, div_final, moms, **kw), resume,
                        max_steps, eval_every)
 
-    def fit_cosine(self, epochs: int | None = None, lr=None, warmup_pct: float = 0.05, warmup_steps: int | None = None,
-                   lr_min: float = 0., div: float = 25., resume=None, *, max_steps: int | None = None,
-                   eval_every: int | None = None):
+    def fit_cosine(self,
+                   epochs: int | None = None,     # epochs to train (the schedule spans them)
+                   lr: float | list | slice | None = None,  # the LR after warmup; None: the trainer's `lr`
+                   warmup_pct: float = 0.05,      # fraction of the steps spent warming up
+                   warmup_steps: int | None = None,  # or a number of warmup steps
+                   lr_min: float = 0.,            # the LR at the end
+                   div: float = 25.,              # warmup starts at lr / div
+                   resume: str | os.PathLike | None = None,  # a checkpoint to continue from, as in `fit`
+                   *,
+                   max_steps: int | None = None,   # or N optimizer steps (the schedule spans them)
+                   eval_every: int | None = None):  # also validate every N optimizer steps
         "Fit `epochs` epochs (or `max_steps` steps) with a linear warmup to `lr` then cosine annealing to `lr_min`."
         _fit_scheduled(self, epochs, lr, cosine(lr_min, warmup_pct, warmup_steps, div), resume, max_steps, eval_every)
 
-    def fit_constant(self, epochs: int | None = None, lr=None, warmup_pct: float = 0., warmup_steps: int | None = None,
-                     div: float = 25., resume=None, *, max_steps: int | None = None, eval_every: int | None = None):
+    def fit_constant(self,
+                     epochs: int | None = None,   # epochs to train
+                     lr: float | list | slice | None = None,  # the LR; None: the trainer's `lr`
+                     warmup_pct: float = 0.,      # fraction of the steps spent warming up (0: none)
+                     warmup_steps: int | None = None,  # or a number of warmup steps
+                     div: float = 25.,            # warmup starts at lr / div
+                     resume: str | os.PathLike | None = None,  # a checkpoint to continue from, as in `fit`
+                     *,
+                     max_steps: int | None = None,   # or N optimizer steps
+                     eval_every: int | None = None):  # also validate every N optimizer steps
         """Fit `epochs` epochs (or `max_steps` steps) at a constant `lr` (after an optional warmup), whatever
         `scheduler_func` the trainer has."""
         warm = warmup_steps if warmup_steps is not None else warmup_pct
         _fit_scheduled(self, epochs, lr, constant(warmup_pct, warmup_steps, div) if warm else None, resume,
                        max_steps, eval_every)
 
-    def lr_find(self, start_lr: float = 1e-7, end_lr: float = 10, num_it: int = 100, beta: float = 0.98,
-                div: float = 4., show: bool = True, suggest_funcs=None):
+    def lr_find(self,
+                start_lr: float = 1e-7,  # the first LR of the sweep
+                end_lr: float = 10,      # the last one (the LR grows exponentially in between)
+                num_it: int = 100,       # optimizer steps in the sweep
+                beta: float = 0.98,      # smoothing of the loss curve (an exponential moving average)
+                div: float = 4.,         # stop when the smoothed loss exceeds div times its best
+                show: bool = True,       # draw the curve and the suggestions (in a notebook: the widget)
+                suggest_funcs: Sequence | Mapping | None = None):  # names from `SUGGESTIONS` or {name: func}; None: all
         "Sweep the LR and suggest one, leaving the trainer as it was: an `LRFindResult` (see `trainer_nb.lr_find`)."
         return lr_find(self, start_lr, end_lr, num_it, beta, div, show, suggest_funcs)
 
