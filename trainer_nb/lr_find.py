@@ -268,9 +268,10 @@ def _round_lr(lr: float, bounds=None) -> float:
     return v
 
 def _descent_span(r) -> tuple[int, int]:
-    "Indices in `r.lrs` of the main descent as the plot's band and the verdict show it: from 10% of the drop done."
-    env = np.minimum.accumulate(r.losses[r.top:r.bottom + 1])
-    return r.top + int(np.argmax(env <= r.losses[r.top] - 0.1 * r.drop)), r.bottom
+    """Indices in `r.lrs` of the main descent as the plot's band and the verdict show it: from the last point still
+    within 10% of the drop from the top (a dip before it and a bump back up are not the descent) to the bottom."""
+    high = np.nonzero(r.losses[r.top:r.bottom + 1] >= r.losses[r.top] - 0.1 * r.drop)[0]
+    return r.top + int(high[-1]), r.bottom
 
 def _legend(fig):
     "The legend under the axes, every line in it, in a font that stays readable when the figure is shown phone-wide."
@@ -408,7 +409,7 @@ def _png(fig) -> bytes:
 
 def _css_width(fig) -> int: return round(fig.get_size_inches()[0] * 100)   # as `new_figure` shows it
 
-# %% ../nbs/05_lr_find.ipynb #6b258e3a
+# %% ../nbs/05_lr_find.ipynb #ebfe0786
 SLIDER_STEP = 2e-4   # decades: fine enough that a pick snapped to the slider's steps reads as the same 3 digits
 
 # the marker: a second slider over the plot, its track the axes, its handle a dashed line; it only shows (no pointer)
@@ -470,7 +471,7 @@ class _WidgetParts:
         "Say under the buttons that `trainer.lr` is now `lr` (`LRFindResult.apply` calls it)."
         self.label.value = f"trainer.lr = {_lr_text(lr)}: the next fit uses it"
 
-# %% ../nbs/05_lr_find.ipynb #16c684ab
+# %% ../nbs/05_lr_find.ipynb #da16638f
 class _WidgetDisplay:
     "How `LRFindWidget` shows itself: live, then as a static record (its base class)."
     def static_bundle(self) -> tuple[dict, dict]:
@@ -507,7 +508,7 @@ class _WidgetDisplay:
             handle.update(data, metadata=md, raw=True)
         ip.events.register('pre_run_cell', freeze)
 
-# %% ../nbs/05_lr_find.ipynb #f42c1d33
+# %% ../nbs/05_lr_find.ipynb #445ce3d3
 class LRFindWidget(_WidgetParts, _WidgetDisplay):
     "Plot + verdict + LR slider + 'Use this LR' button for an `LRFindResult`; `.box` is the ipywidgets container."
     def __init__(self, result: LRFindResult):
@@ -577,7 +578,7 @@ class _SweepBar:
 
     def close(self): self.handle.update({}, raw=True)
 
-# %% ../nbs/05_lr_find.ipynb #e13fd9c5
+# %% ../nbs/05_lr_find.ipynb #8c9ac2bf
 def _read_into(res: LRFindResult, methods):
     "Fill `res`'s reading, suggestions, verdict and fallback from its raw losses (your own rules read `res.losses`)."
     r = read_sweep(res.lrs, res.raw_losses)
