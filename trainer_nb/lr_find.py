@@ -309,8 +309,7 @@ class _ResultPlot:
             lo, hi = fin.min(), fin[:int(np.argmin(fin)) + 1].max()
             pad = max(hi - lo, 1e-8 * max(abs(hi), 1.0))
             ax.set_ylim(lo - 0.15 * pad, hi + 0.3 * pad)
-        self._vline = ax.axvline(lr if lr is not None else lrs[0], color='k', ls='--', lw=1.2,
-                                 visible=lr is not None, label=f"lr {_lr_text(lr)}" if lr is not None else '_lr')
+        if lr is not None: ax.axvline(lr, color='k', ls='--', lw=1.2, label=f"lr {_lr_text(lr)}")
         if not self.reliable: ax.set_title('No reliable suggestion: see the fallback (X)', color='tab:red', fontsize=10)
         ax.grid(True, which='major', alpha=0.3)
         _legend(fig)
