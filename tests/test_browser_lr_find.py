@@ -1,9 +1,7 @@
 """The interactive LR finder as a user drives it: in a real JupyterLab (headless Chromium), read the verdict on the sweep
-under the plot, drag the LR slider, see the dashed line move in the plot, click "Use this LR", and find that LR in
-`trainer.lr` in the next cell."""
-import base64, io, math, re, time
-
-import numpy as np
+under the plot, drag the LR slider and see the dashed line follow within 50 ms a move (measured in the page), pick a
+suggestion and apply exactly the LR its button shows, and find that LR in `trainer.lr` in the next cell."""
+import json, math, os, re
 
 from conftest import REPO
 from jupyter_lab import lab_server, needs_browser, notebook_page, output_texts, run_cell, wait_for_text, write_notebook
@@ -23,59 +21,68 @@ trainer = Trainer(nn.Sequential(nn.Linear(8, 32), nn.ReLU(), nn.Linear(32, 1)),
                   loss_func=F.mse_loss, lr=1e-3, cpu=True, default_hooks=False)
 res = trainer.lr_find()
 start = res.widget.slider.value
-print('LR0', repr(trainer.lr), 'START', repr(start), 'EARLY', len(res.lrs) < 100, 'RELIABLE', res.reliable)""",
-# where the figure puts the line for the first and the chosen LR (pixels from the left, as in the PNG)
-"""\
-ax = res.widget.fig.axes[0]
-xs = ax.transData.transform([[start, 1.0], [trainer.lr, 1.0]])[:, 0]
-print('NOW', repr(trainer.lr), repr(res.widget.slider.value), trainer.lr == res.widget.slider.value, *xs)"""]
+# where the drawn figure puts two LRs (pixels from its left edge), and its width: to check the line's place on the page
+ax, W = res.widget.fig.axes[0], res.widget.fig.canvas.get_width_height()[0]
+p0, p1 = ax.transData.transform([[1e-4, 1.0], [1e-1, 1.0]])[:, 0]
+print('LR0', repr(trainer.lr), 'START', repr(start), 'EARLY', len(res.lrs) < 100, 'RELIABLE', res.reliable,
+      'AXIS', p0, p1, W)""",
+"print('NOW', repr(trainer.lr))"]
 
 FLOAT = r'([-+0-9.e]+)'
 
+# page-side probes: when the pointer moved, and when the dashed line over the plot changed
+PROBE = """() => {
+  const t = window.__tnb = {moves: [], marks: []};
+  document.addEventListener('pointermove', () => t.moves.push(performance.now()), true);
+  const m = document.querySelector('.tnb-lr-marker .noUi-origin');
+  new MutationObserver(() => t.marks.push(performance.now()))
+    .observe(m, {subtree: true, childList: true, attributes: true, characterData: true});
+}"""
+LINE_AT = """() => {
+  const img = document.querySelector('.tnb-lr-find img').getBoundingClientRect();
+  const line = document.querySelector('.tnb-lr-marker .noUi-handle').getBoundingClientRect();
+  return [(line.left + line.width / 2 - img.left) / img.width, img.width];
+}"""
 
-def _shown_png(img) -> bytes:
-    "The PNG that the page's `img` element shows (the bytes behind its blob/data URL)."
-    b64 = img.evaluate("""async (el) => { const buf = await (await fetch(el.src)).arrayBuffer();
-        let s = ''; for (const b of new Uint8Array(buf)) s += String.fromCharCode(b); return btoa(s); }""")
-    return base64.b64decode(b64)
+
+def _line_x(axis, lr):
+    "Where `lr` lies on the drawn figure, as a fraction of its width (from the `AXIS` the kernel printed)."
+    p0, p1, w = axis
+    return (p0 + (math.log10(lr) + 4) / 3 * (p1 - p0)) / w
 
 
-def _pixels(png: bytes) -> np.ndarray:
-    from PIL import Image
-    return np.asarray(Image.open(io.BytesIO(png)).convert('RGB')).astype(int)
-
-
-def _line_moves(before: np.ndarray, after: np.ndarray):
-    "`(old_x, new_x, changed_columns)`: where pixels got lighter (line gone) and darker (line drawn) between two images."
-    delta = after.sum(-1) - before.sum(-1)
-    darker, lighter = np.nonzero((delta < -60).any(0))[0], np.nonzero((delta > 60).any(0))[0]
-    changed = np.nonzero((np.abs(after - before) > 30).any(-1).any(0))[0]
-    assert len(darker) and len(lighter), 'the dashed line did not move in the image'
-    return float(np.median(lighter)), float(np.median(darker)), changed
+def _wait_text(page, selector, pred, timeout=20_000):
+    page.wait_for_function("([s, re]) => { const e = document.querySelector(s);"
+                           " return !!e && new RegExp(re).test(e.innerText); }", arg=[selector, pred], timeout=timeout)
+    return page.locator(selector).inner_text().strip()
 
 
 @needs_browser
 def test_lr_find_widget_slider_and_apply(tmp_path):
+    shots = os.environ.get('TNB_SHOTS')
     with lab_server(tmp_path) as server:
         write_notebook(tmp_path / 'root/lr.ipynb', CELLS)
-        with notebook_page(server, 'lr.ipynb', viewport=(1280, 1250)) as page:
+        with notebook_page(server, 'lr.ipynb', viewport=(1400, 1300)) as page:
             run_cell(page, 0)
             run_cell(page, 1)
-            outs = wait_for_text(page, 'START', cell=1)
-            pattern = rf'LR0 {FLOAT} START {FLOAT} EARLY (True|False) RELIABLE (True|False)'
-            lr0, start, early, reliable = re.search(pattern, outs[1]).groups()
-            lr0, start = float(lr0), float(start)
-
+            outs = wait_for_text(page, 'AXIS', cell=1)
+            m = re.search(rf'LR0 {FLOAT} START {FLOAT} EARLY (True|False) RELIABLE (True|False) AXIS {FLOAT} {FLOAT} {FLOAT}',
+                          outs[1])
+            lr0, start, early, reliable = float(m[1]), float(m[2]), m[3], m[4]
+            axis = tuple(float(v) for v in m.groups()[4:])
+            page.wait_for_selector('.tnb-lr-marker .noUi-handle')
+            page.locator('.tnb-lr-find').scroll_into_view_if_needed()
             img = page.locator('.tnb-lr-find img')
             readout = page.locator('.tnb-lr-slider .widget-readout')
-            img.scroll_into_view_if_needed()
-            readout0, src0, png0 = readout.inner_text().strip(), img.get_attribute('src'), _shown_png(img)
+            readout0, src0 = readout.inner_text().strip(), img.get_attribute('src')
             state = page.locator('.tnb-lr-state')
             state_text, state_classes = state.inner_text().strip(), state.get_attribute('class')
-            # the slider shows the suggestion it starts at, to within one of its steps (0.01 decade)
-            assert abs(math.log10(float(readout0) / start)) <= 0.011, (readout0, start)
+            at0, width0 = page.evaluate(LINE_AT)
+            if shots: page.locator('.tnb-lr-find').screenshot(path=f'{shots}/lr_find_widget_1400.png')
 
-            # drag the slider's handle well away from the suggestion it starts at
+            # drag the slider's handle step by step, away from the suggestion it starts at; after each move, wait for the
+            # line over the plot to change, and take the time from the pointer's move to the line's change
+            page.evaluate(PROBE)
             handle = page.locator('.tnb-lr-slider .noUi-handle')
             track = page.locator('.tnb-lr-slider .noUi-target').bounding_box()
             hb = handle.bounding_box()
@@ -84,57 +91,69 @@ def test_lr_find_widget_slider_and_apply(tmp_path):
             tx = track['x'] + track['width'] * (0.8 if right else 0.2)
             page.mouse.move(hx, hy)
             page.mouse.down()
-            page.mouse.move(tx, hy, steps=12)
+            latencies, steps = [], 12
+            for k in range(1, steps + 1):
+                n = page.evaluate('() => window.__tnb.marks.length')
+                page.mouse.move(hx + (tx - hx) * k / steps, hy)
+                page.wait_for_function(f'() => window.__tnb.marks.length > {n}', timeout=20_000)
+                latencies.append(page.evaluate(f"""() => {{ const t = window.__tnb;
+                    return t.marks[{n}] - Math.max(...t.moves.filter(m => m <= t.marks[{n}])); }}"""))
             page.mouse.up()
+            readout1 = readout.inner_text().strip()
+            at1, _ = page.evaluate(LINE_AT)
+            src1 = img.get_attribute('src')
 
-            # wait until the kernel has redrawn for the last position: the image stops changing
-            end, last, since = time.time() + 20, None, time.time()
-            while time.time() < end:
-                src = img.get_attribute('src')
-                if src != last: last, since = src, time.time()
-                elif src != src0 and time.time() - since > 1.5: break
-                time.sleep(0.1)
-            readout1, png1 = readout.inner_text().strip(), _shown_png(img)
-
+            # the kernel gets the slider's last value a moment after the browser shows it: the button's tooltip says when
+            page.wait_for_function("(r) => document.querySelector('.tnb-lr-apply').title.endsWith(r)", arg=readout1)
             page.locator('.tnb-lr-apply').click()
-            label = page.locator('.tnb-lr-label')
-            end = time.time() + 20
-            while 'trainer.lr =' not in label.inner_text() and time.time() < end: time.sleep(0.1)
-            label_text = label.inner_text()
+            label1 = _wait_text(page, '.tnb-lr-label', f'trainer.lr = {re.escape(readout1)}')
+            # pick a suggestion: the readout shows what its button shows, and that is what is applied
+            pick = page.locator('.tnb-lr-picks button', has_text='steep')
+            pick_text = pick.inner_text().strip()
+            pick.click()
+            shown = pick_text.split()[1]
+            _wait_text(page, '.tnb-lr-slider .widget-readout', f'^{re.escape(shown)}$')
+            page.locator('.tnb-lr-apply').click()
+            label2 = _wait_text(page, '.tnb-lr-label', f'trainer.lr = {re.escape(shown)}')
+            if shots:
+                page.locator('.tnb-lr-find').screenshot(path=f'{shots}/lr_find_widget_1400_steep.png')
+                page.evaluate('() => window.jupyterapp.shell.collapseLeft()')
+                page.set_viewport_size({'width': 420, 'height': 1300})
+                page.wait_for_function("() => document.querySelector('.tnb-lr-find img').getBoundingClientRect().width"
+                                       " < 400")
+                page.locator('.tnb-lr-find').screenshot(path=f'{shots}/lr_find_widget_420.png')
+                page.screenshot(path=f'{shots}/lr_find_page_420.png')
+                page.set_viewport_size({'width': 1400, 'height': 1300})
 
             run_cell(page, 2)
             outs = wait_for_text(page, 'NOW', cell=2)
-            page.locator('.jp-CodeCell').nth(2).scroll_into_view_if_needed()
-            shot = tmp_path / 'lr_find_widget.png'
-            page.screenshot(path=str(shot), full_page=True)
-            print(f"\nscreenshot: {shot}")
             texts = output_texts(page)
-
-    m = re.search(rf'NOW {FLOAT} {FLOAT} (True|False) {FLOAT} {FLOAT}', outs[2])
+    print(f"\nslider move -> line moved, ms: {json.dumps([round(v, 1) for v in latencies])}")
+    m = re.search(rf'NOW {FLOAT}', outs[2])
     assert m, texts
+    lr = float(m[1])
+
     # the sweep stopped early (the loss diverged), yet no progress bar is left behind under the widget
     assert early == 'True' and 'lr_find' not in texts[1], texts[1]
-    lr, slider_value, same, x_start, x_lr = m.groups()
-    lr, slider_value, x_start, x_lr = float(lr), float(slider_value), float(x_start), float(x_lr)
-
     # under the plot, the verdict on the sweep: this regression's descent is clear
     assert reliable == 'True'
     assert state_text.startswith('Reliable: the smoothed loss falls from'), state_text
     assert 'tnb-lr-reliable' in state_classes and 'tnb-lr-unreliable' not in state_classes
+    # the readout shows the suggestion the slider starts at, in the finder's one format
+    m, e = f'{start:.2e}'.split('e')
+    assert readout0 == f'{m}e{int(e):+d}', (readout0, start)
 
-    # the browser's slider moved, and the button put exactly the slider's value into trainer.lr
-    assert readout1 != readout0
-    assert same == 'True' and lr == slider_value
-    assert float(readout1) == float(f'{lr:.2e}'), (lr, readout1)    # what the page showed is what the trainer got
-    assert label_text.startswith(f'trainer.lr = {lr:.3e}'), label_text
-    assert lr != lr0 and abs(math.log10(lr / start)) > 0.5           # a new LR, far from the suggestion
-    assert (lr > start) == right                                     # in the direction of the drag
+    # every move answered within 50 ms, without a new picture: only the line moved
+    assert len(latencies) == steps and max(latencies) < 50, latencies
+    assert src1 == src0
+    # the line sits at the LR shown, and the picture is shown as wide as it was drawn (100 CSS px an inch)
+    assert round(width0) == 500, width0
+    # ... on the figure's own axis (to 2 px of the picture as shown)
+    assert abs(at0 - _line_x(axis, start)) * width0 < 2, (at0, _line_x(axis, start))
+    assert abs(at1 - _line_x(axis, float(readout1))) * width0 < 2, (at1, _line_x(axis, float(readout1)))
+    assert abs(math.log10(float(readout1) / start)) > 0.5 and (float(readout1) > start) == right
 
-    # the plot changed only where the dashed line was and where it is now, at the chosen LR's position
-    before, after = _pixels(png0), _pixels(png1)
-    assert before.shape == after.shape == (400, 640, 3), before.shape
-    old_x, new_x, changed = _line_moves(before, after)
-    print(f"LR {start:.3e} -> {lr:.3e}; dashed line x {old_x} -> {new_x} (figure: {x_start:.1f} -> {x_lr:.1f})")
-    assert abs(old_x - x_start) <= 2 and abs(new_x - x_lr) <= 2, (old_x, x_start, new_x, x_lr)
-    assert abs(x_lr - x_start) > 30
-    assert all(min(abs(c - old_x), abs(c - new_x)) <= 3 for c in changed), changed
+    # "Use this LR" applied what the readout showed; a picked suggestion applies exactly what its button shows
+    assert label1.startswith(f'trainer.lr = {readout1}'), label1
+    assert label2.startswith(f'trainer.lr = {shown}'), label2
+    assert lr == float(shown) and lr != lr0, (lr, shown)

@@ -59,6 +59,12 @@ def seed_all(s=1):
 def weights(t): return [p.detach().clone() for p in [*t.model.parameters(), *t.model.buffers()]]
 
 
+def shown(lr):
+    "An LR as the finder shows it: 3 significant digits, the exponent unpadded (`2.15e-3`, as the slider's readout)."
+    m, e = f"{lr:.2e}".split('e')
+    return f"{m}e{int(e):+d}"
+
+
 def same(a, b): return len(a) == len(b) and all(torch.equal(x, y) for x, y in zip(a, b))
 
 
@@ -338,7 +344,7 @@ def test_degenerate_curves():
 def test_suggestion_methods_can_be_chosen():
     t = make(); seed_all()
     res = t.lr_find(show=False, num_it=20, suggest_funcs={'tenth': lambda lrs, losses: lrs[len(lrs) // 10]})
-    assert list(res.suggestions) == ['tenth'] and res.suggestions['tenth'] == res.lrs[len(res.lrs) // 10]
+    assert list(res.suggestions) == ['tenth'] and res.suggestions['tenth'] == float(shown(res.lrs[len(res.lrs) // 10]))
     assert res.apply() == t.lr == res.suggestions['tenth']
     with pytest.raises(ValueError, match='Unknown suggestion'): t.lr_find(show=False, suggest_funcs=('valey',))
 
@@ -355,9 +361,21 @@ def test_plot_has_one_marker_per_suggestion(tmp_path):
         assert [l.get_label().split()[0] for l in marks] == list(r.suggestions)
         assert [l.get_xdata()[0] for l in marks] == list(r.suggestions.values())
         assert len({l.get_marker() for l in marks}) == len(marks)   # told apart by their shape
-        # each sits on the smoothed curve
-        x, y = np.log10(r.lrs), np.asarray(r.losses)
+        # each sits on the bold curve, and that is the curve the rules read (the EMA when there is no reading)
+        curve = (r.reading.lrs, r.reading.losses) if r.reading is not None else (r.lrs, r.losses)
+        bold = max(ax.lines, key=lambda l: l.get_linewidth())
+        assert np.array_equal(bold.get_xdata(), curve[0]) and np.array_equal(bold.get_ydata(), curve[1])
+        x, y = np.log10(curve[0]), np.asarray(curve[1])
         assert all(l.get_ydata()[0] == pytest.approx(np.interp(math.log10(l.get_xdata()[0]), x, y)) for l in marks)
+    # every line is in the legend, the divergence's too; the band spans the descent the verdict names
+    ax = res.plot().axes[0]
+    labels = [t.get_text() for t in ax.figure.legends[0].get_texts()]
+    assert len(labels) == len([l for l in ax.lines if l.get_visible()]) + len(ax.patches), labels
+    assert res.reading.diverged is None or any(t.startswith('diverged ') for t in labels), labels
+    if res.reliable:
+        (band,) = ax.patches
+        lo, hi = band.get_x(), band.get_x() + band.get_width()
+        assert f"between {shown(lo)} and {shown(hi)} (" in res.verdict, (lo, hi, res.verdict)
 
 
 def test_slider_reaches_every_suggestion():
@@ -385,12 +403,17 @@ def test_widget_controls():
     assert w.slider.min == pytest.approx(-7) and w.slider.max == pytest.approx(math.log10(res.lrs[-1]))
     png = w.image.value
     assert png[:8] == b'\x89PNG\r\n\x1a\n'
-    w.slider.value = 1e-4
-    assert w.image.value != png                             # the line moved
+    w.slider.value = 1.2345e-4
+    assert w.image.value == png and w.chosen == 1.23e-4     # the picture is not redrawn; the LR as the readout shows it
     w.picks.value = 'steep'
-    assert math.isclose(w.slider.value, res.suggestions['steep'], rel_tol=0.03)
+    assert w.slider.value == w.chosen == res.suggestions['steep']
+    w.slider.value = res.suggestions['steep'] * 10 ** (w.slider.step / 2)   # snapped by the browser: still the pick
+    assert w.picks.value == 'steep' and w.chosen == res.suggestions['steep']
     w.button.click()
-    assert t.lr == w.slider.value and f"{t.lr:.3e}" in w.label.value
+    assert t.lr == res.suggestions['steep'] and f"trainer.lr = {shown(t.lr)}" in w.label.value
+    w.slider.value = 1e-3                                   # moved away: no pick any more
+    assert w.picks.value is None and w.chosen == 1e-3
+    assert w.ax.get_xlim() == pytest.approx((10 ** w.slider.min, 10 ** w.slider.max))   # the marker's track
 
 
 # ---------------------------------------------------------------- subprocesses: terminal, bf16 + accumulation, 2 processes
@@ -472,9 +495,9 @@ print('VALLEY', repr(res.valley))
     valley = float(out.split('VALLEY ')[1])
     lines = out.splitlines()
     assert lines[0].startswith('LR finder: 40 steps from 1.00e-07') or 'stopped' in lines[0]
-    assert f"  valley   {valley:.2e}  (default)" in lines
+    assert f"  valley   {shown(valley)}  (default)" in lines
     for k in ('steep', 'minimum', 'slide'): assert any(l.startswith(f"  {k} ") for l in lines)
-    assert f"lr={valley:.2e}" in out
+    assert f"lr={shown(valley)}" in out
     png = (tmp_path / 'lr.png').read_bytes()
     assert png[:8] == b'\x89PNG\r\n\x1a\n' and len(png) > 10_000
 
@@ -638,9 +661,9 @@ def test_flat_curve_has_no_reliable_suggestion(capsys):
     assert res.stop_reason == 'done' and res.fallback == pytest.approx(res.lrs[-1] / 10)
     assert res.apply() == res.fallback == t.lr
     lines = res.summary().splitlines()
-    assert f"  fallback {res.fallback:.2e}  (default)" in lines and f"  valley   {res.valley:.2e}" in lines
+    assert f"  fallback {shown(res.fallback)}  (default)" in lines and f"  valley   {shown(res.valley)}" in lines
     assert any(l.startswith('No reliable suggestion: no sustained descent') for l in lines)
-    assert f"lr={res.fallback:.2e}" in lines[-1]
+    assert f"lr={shown(res.fallback)}" in lines[-1]
     assert out.strip() == res.summary()                                         # what a terminal shows
     assert 'not reliable' in repr(res)
     ax = res.plot().axes[0]
@@ -669,16 +692,23 @@ def test_reliable_widget_and_summary_say_so():
 
 
 def test_widget_display_carries_a_static_plot_and_the_summary():
-    "Viewers without a widget manager (docs, GitHub, a reopened notebook) show the PNG and the text instead."
+    """Viewers without a widget manager (docs, GitHub) show the PNG and the text instead; the static record that
+    replaces the widget once the notebook moves on holds no widget at all, and says what was applied."""
     import base64
-    from IPython.core.formatters import format_display_data
     t = make(); seed_all()
     res = t.lr_find(show=False, num_it=40)
-    data, _ = format_display_data(res.widget)
+    data, md = res.widget._repr_mimebundle_()
     assert data['application/vnd.jupyter.widget-view+json']['model_id'] == res.widget.box.model_id
     png = base64.b64decode(data['image/png'])
-    assert png[:8] == b'\x89PNG\r\n\x1a\n' and len(png) > 10_000
+    assert png[:8] == b'\x89PNG\r\n\x1a\n' and len(png) > 10_000 and md['image/png']['width'] == 500
     assert data['text/plain'] == res.summary() and 'valley' in data['text/plain']
+    res.widget.picks.value = 'steep'
+    res.widget.button.click()
+    data, _ = res.widget.static_bundle()
+    assert set(data) == {'text/html', 'image/png', 'text/plain'}
+    applied = f"trainer.lr = {shown(res.suggestions['steep'])}: the next fit uses it"
+    assert data['text/plain'] == res.summary() + '\n' + applied and applied in data['text/html']
+    assert f'src="data:image/png;base64,{data["image/png"]}"' in data['text/html']
 
 
 def test_too_few_points_says_how_to_get_more():

@@ -4,17 +4,18 @@
 
 # %% ../nbs/05_lr_find.ipynb #0f0a5506
 from __future__ import annotations
-import math, sys, warnings
+import math, sys, time, warnings
 from dataclasses import dataclass, field
 
 # %% auto #0
-__all__ = ['MIN_POINTS', 'SUGGESTIONS', 'START_CUT', 'NOISE_Z', 'MIN_READ', 'READ_VALLEY', 'suggest_minimum', 'suggest_steep',
-           'suggest_valley', 'suggest_slide', 'suggest', 'SweepReading', 'read_sweep', 'suggest_sweep', 'LRFindWarning',
-           'LRFindResult', 'LRFindWidget']
+__all__ = ['MIN_POINTS', 'SUGGESTIONS', 'START_CUT', 'NOISE_Z', 'MIN_READ', 'READ_VALLEY', 'SLIDER_STEP', 'suggest_minimum',
+           'suggest_steep', 'suggest_valley', 'suggest_slide', 'suggest', 'SweepReading', 'read_sweep', 'suggest_sweep',
+           'LRFindWarning', 'LRFindResult', 'LRFindWidget']
 
 # %% ../nbs/05_lr_find.ipynb #82eecdd7
 import numpy as np
 from .base import CancelFit, Hook, LossLog, Smoother, check_idle
+from .recorder import new_figure
 
 # %% ../nbs/05_lr_find.ipynb #ee9e32a9
 MIN_POINTS = 5   # a curve with fewer usable points gives no suggestion
@@ -252,36 +253,66 @@ class _Sweep(Hook):
 _MARKERS = {'valley': ('o', 'tab:red'), 'steep': ('v', 'tab:green'), 'minimum': ('s', 'tab:purple'),
             'slide': ('D', 'tab:orange'), 'fallback': ('X', 'k')}
 
+def _lr_text(lr: float) -> str:
+    "An LR as every part of the finder shows it (plot, buttons, slider, summary): 3 significant digits, `2.15e-3`."
+    m, e = f"{lr:.2e}".split('e')
+    return f"{m}e{int(e):+d}"   # the exponent as the slider's readout writes it (d3-format's `.2e`): no zero padding
+
+def _round_lr(lr: float, bounds=None) -> float:
+    "`lr` to the 3 significant digits it is shown with; kept inside `bounds` (a suggestion's) by the last digit."
+    v = float(_lr_text(lr))
+    if bounds is not None and v > 0:
+        unit = 10.0 ** (math.floor(math.log10(v)) - 2)
+        if v > bounds[1]: v = float(_lr_text(v - unit))
+        elif v < bounds[0]: v = float(_lr_text(v + unit))
+    return v
+
+def _descent_span(r) -> tuple[int, int]:
+    """Indices in `r.lrs` of the main descent as the plot's band and the verdict show it: from the last point still
+    within 10% of the drop from the top (a dip before it and a bump back up are not the descent) to the bottom."""
+    high = np.nonzero(r.losses[r.top:r.bottom + 1] >= r.losses[r.top] - 0.1 * r.drop)[0]
+    return r.top + int(high[-1]), r.bottom
+
+def _legend(fig):
+    "The legend under the axes, every line in it, in a font that stays readable when the figure is shown phone-wide."
+    for old in list(fig.legends): old.remove()
+    fig.legend(loc='outside lower center', ncols=2, fontsize=9.5, frameon=False, handlelength=1.8,
+               columnspacing=1.2)
+
 class _ResultPlot:
     "Drawing an `LRFindResult` (its base class)."
-    def plot(self, path=None, lr: float | None = None, dpi: int = 100):
-        "The loss against the LR (log scale) with the suggestions; saved to `path` if given. Returns the `Figure`."
-        from matplotlib.figure import Figure
-        fig = Figure(figsize=(6.4, 4.0), dpi=dpi, layout='constrained')
+    def plot(self, path=None, lr: float | None = None, dpi: int = 150):
+        """The loss against the LR (log scale) with the suggestions; saved to `path` if given. Returns the `Figure`,
+        which shows itself in a notebook. The bold curve is the one the suggestions are read from."""
+        fig = new_figure((5.0, 3.9), dpi)
         ax = fig.add_subplot()
         lrs, y, raw = np.asarray(self.lrs), np.asarray(self.losses, float), np.asarray(self.raw_losses, float)
         n, r = len(y), self.reading
-        ax.plot(lrs[:len(raw)], raw, color='0.8', lw=0.8, label='loss')
-        ax.plot(lrs[:n], y, color='tab:blue', lw=1.8, label='smoothed')
-        if r is not None:
-            ax.plot(r.lrs, r.losses, color='tab:cyan', lw=1.2, ls='--', label='read by the rules')
-            if r.reliable: ax.axvspan(r.lrs[r.top], r.lrs[r.bottom], color='tab:green', alpha=0.08, lw=0)
-            if r.diverged: ax.axvline(r.diverged, color='tab:red', ls=':', lw=1)
+        ax.plot(lrs[:len(raw)], raw, color='0.78', lw=0.8, label='loss per step')
+        if r is None: cx, cy, what = lrs[:n], y, 'loss, running mean'
+        else:
+            ax.plot(lrs[:n], y, color='tab:blue', lw=1, ls=':', label="running mean (stops the sweep)")
+            cx, cy, what = r.lrs, r.losses, 'loss, smoothed: what the rules read'
+        ax.plot(cx, cy, color='tab:blue', lw=2.4, label=what)
+        if r is not None and r.reliable:
+            a, b = _descent_span(r)
+            ax.axvspan(r.lrs[a], r.lrs[b], color='tab:green', alpha=0.12, lw=0, label='the descent')
+        if r is not None and r.diverged:
+            ax.axvline(r.diverged, color='tab:red', ls=':', lw=1.4, label=f"diverged {_lr_text(r.diverged)}")
         for name, v in self.choices.items():
             mk, c = _MARKERS.get(name, ('*', 'k'))
-            ax.plot([v], [np.interp(np.log10(v), np.log10(lrs[:n]), y)], mk, color=c, ms=8, label=f"{name} {v:.2e}")
+            ax.plot([v], [np.interp(np.log10(v), np.log10(cx), cy)], mk, color=c, ms=8, mec='white', mew=0.8,
+                    label=f"{name} {_lr_text(v)}", zorder=3)
         ax.set(xscale='log', xlabel='learning rate', ylabel='loss')
-        fin = y[np.isfinite(y)]
+        fin = cy[np.isfinite(cy)]
         if len(fin):
             lo, hi = fin.min(), fin[:int(np.argmin(fin)) + 1].max()
-            if r is not None: lo, hi = min(lo, r.losses.min()), max(hi, r.losses[:r.bottom + 1].max())
             pad = max(hi - lo, 1e-8 * max(abs(hi), 1.0))
-            ax.set_ylim(lo - 0.1 * pad, hi + 0.3 * pad)
-        self._vline = ax.axvline(lr if lr is not None else self._lr(None) if self.choices else lrs[0],
-                                 color='k', ls='--', lw=1, visible=lr is not None)
+            ax.set_ylim(lo - 0.15 * pad, hi + 0.3 * pad)
+        if lr is not None: ax.axvline(lr, color='k', ls='--', lw=1.2, label=f"lr {_lr_text(lr)}")
         if not self.reliable: ax.set_title('No reliable suggestion: see the fallback (X)', color='tab:red', fontsize=10)
-        ax.legend(loc='upper left', fontsize=8)
         ax.grid(True, which='major', alpha=0.3)
+        _legend(fig)
         if path is not None: fig.savefig(path)
         return fig
 
@@ -328,8 +359,8 @@ class LRFindResult(_ResultPlot):
     def apply(self, lr: float | str | None = None) -> float:
         "Set `trainer.lr` to `lr` (a number, a suggestion's name, or the default pick), so that the next `fit` uses it."
         if self.trainer is None: raise ValueError("This result is not tied to a trainer")
-        lr = self._lr(lr)
-        self.trainer.lr = lr
+        self.trainer.lr = lr = self._lr(lr)
+        if self._widget is not None: self._widget.show_applied(lr)
         return lr
 
     @property
@@ -338,25 +369,27 @@ class LRFindResult(_ResultPlot):
         r = self.reading
         if not self.reliable:
             if self.fallback is None: return f"No reliable suggestion: {self.reason}."
-            return (f"No reliable suggestion: {self.reason}. The default is the fallback {self.fallback:.2e}: "
+            return (f"No reliable suggestion: {self.reason}. The default is the fallback {_lr_text(self.fallback)}: "
                     "a tenth of the largest LR before the loss rises.")
         if r is None: return ''
+        a, b = _descent_span(r)
         return (f"Reliable: the smoothed loss falls from {r.losses[r.top]:.4g} to {r.losses[r.bottom]:.4g} between "
-                f"{r.lrs[r.top]:.1e} and {r.lrs[r.bottom]:.1e} ({r.z:.0f}x its noise).")
+                f"{_lr_text(r.lrs[a])} and {_lr_text(r.lrs[b])} ({r.z:.0f}x its noise).")
 
     def summary(self) -> str:
         "The suggestions as a few lines of text, with the verdict on the curve."
-        lines = [f"LR finder: {len(self.lrs)} steps from {self.lrs[0]:.2e} to {self.lrs[-1]:.2e}"
+        lines = [f"LR finder: {len(self.lrs)} steps from {_lr_text(self.lrs[0])} to {_lr_text(self.lrs[-1])}"
                  + (f" (stopped: {self.stop_reason})" if self.stop_reason not in ('', 'done') else '')]
-        lines += [f"  {k:<8} {v:.2e}" + ('  (default)' if k == self.default else '') for k, v in self.choices.items()]
+        lines += [f"  {k:<8} {_lr_text(v)}" + '  (default)' * (k == self.default) for k, v in self.choices.items()]
         if self.verdict: lines.append(self.verdict)
         if self.suggestions:
-            lines.append(f"Use one: trainer.fit(epochs, lr={self._lr(None):.2e}), or result.apply() to set trainer.lr")
+            lines.append(f"Use one: trainer.fit(epochs, lr={_lr_text(self._lr(None))}), or result.apply() to set "
+                         "trainer.lr")
         return '\n'.join(lines)
 
     def __repr__(self):
-        return (f"LRFindResult({len(self.lrs)} points, " + ', '.join(f"{k}={v:.2e}" for k, v in self.choices.items())
-                + ('' if self.reliable else ', not reliable') + ')')
+        picks = ', '.join(f"{k}={_lr_text(v)}" for k, v in self.choices.items())
+        return f"LRFindResult({len(self.lrs)} points, {picks}" + ('' if self.reliable else ', not reliable') + ')'
 
     @property
     def widget(self):
@@ -373,66 +406,152 @@ def _png(fig) -> bytes:
     fig.savefig(buf, format='png')
     return buf.getvalue()
 
-class LRFindWidget:
+def _css_width(fig) -> int: return round(fig.get_size_inches()[0] * 100)   # as `new_figure` shows it
+
+# %% ../nbs/05_lr_find.ipynb #ebfe0786
+SLIDER_STEP = 2e-4   # decades: fine enough that a pick snapped to the slider's steps reads as the same 3 digits
+
+# the marker: a second slider over the plot, its track the axes, its handle a dashed line; it only shows (no pointer)
+_MARKER_CSS = """<style>
+.tnb-lr-marker, .tnb-lr-marker * { pointer-events: none !important; }
+.tnb-lr-marker .widget-label, .tnb-lr-marker .widget-readout { display: none !important; }
+.tnb-lr-marker.widget-hslider { position: relative; min-width: 0 !important; line-height: normal !important; }
+.tnb-lr-marker .slider-container, .tnb-lr-marker .noUi-target, .tnb-lr-marker .noUi-base,
+.tnb-lr-marker .noUi-connects, .tnb-lr-marker .noUi-origin {
+  height: 100% !important; margin: 0 !important; padding: 0 !important; border: 0 !important; top: 0 !important;
+  background: transparent !important; box-shadow: none !important; }
+.tnb-lr-marker .noUi-connect { background: transparent !important; }
+.tnb-lr-marker .noUi-handle { width: 0 !important; height: 100% !important; top: 0 !important; right: 0 !important;
+  left: auto !important; border: 0 !important; border-left: 1.5px dashed #111 !important; border-radius: 0 !important;
+  background: transparent !important; box-shadow: none !important; }
+.tnb-lr-marker .noUi-handle::before, .tnb-lr-marker .noUi-handle::after { display: none !important; }
+</style>"""
+
+class _WidgetParts:
+    "What `LRFindWidget` shows and does, beside building its controls (its base class)."
+    @property
+    def chosen(self) -> float:
+        "The LR that 'Use this LR' applies, as the slider's readout shows it: a picked suggestion, or the slider value."
+        return self._pick if self._pick is not None else _round_lr(self.slider.value)
+
+    def _state_html(self) -> str:
+        import html
+        color = '#1a7f37' if self.result.reliable else '#b42318'
+        return f'<div style="color:{color}; max-width:640px">{html.escape(self.result.verdict or "")}</div>'
+
+    def _over_axes(self):
+        "The marker's layout: over the axes of the drawn picture, in % of the picture's width (it scales with it)."
+        import ipywidgets as W
+        (x0, y0), (x1, y1) = self.ax.get_position().get_points()
+        w, h = self.fig.canvas.get_width_height()
+        return W.Layout(grid_area='plot', align_self='flex-start', margin='0', left=f'{100 * x0:.3f}%',
+                        top=f'{100 * (1 - y1):.3f}%', width=f'{100 * (x1 - x0):.3f}%', height=f'{100 * (y1 - y0):.3f}%')
+
+    def _moved(self, change):
+        # the browser snaps a picked LR to the slider's steps: that is still the pick; a move away is not
+        if self._pick is not None and abs(math.log10(change['new'] / self._pick)) > self.slider.step / 2 + 1e-9:
+            self._pick = None
+            self.picks.value = None
+        self._tip()
+
+    def _picked(self, change):
+        if change['new'] is None: return
+        self._pick = self.result.choices[change['new']]
+        self.slider.value = self._pick
+        self._tip()
+
+    def _tip(self):
+        "The button's tooltip names the LR it applies (as the kernel has it: the browser may be a move ahead)."
+        self.button.tooltip = f"Set trainer.lr to {_lr_text(self.chosen)}"
+
+    def _apply(self, _=None): self.result.apply(self.chosen)
+
+    def show_applied(self, lr: float):
+        "Say under the buttons that `trainer.lr` is now `lr` (`LRFindResult.apply` calls it)."
+        self.label.value = f"trainer.lr = {_lr_text(lr)}: the next fit uses it"
+
+# %% ../nbs/05_lr_find.ipynb #da16638f
+class _WidgetDisplay:
+    "How `LRFindWidget` shows itself: live, then as a static record (its base class)."
+    def static_bundle(self) -> tuple[dict, dict]:
+        """`(data, metadata)`: the plot with the chosen LR's line, the verdict and what was applied, as HTML, PNG and
+        text: what stays in the notebook once it moves on (no widget model to go missing when it is reopened)."""
+        import base64, html
+        fig = self.result.plot(lr=self.chosen)   # a figure of its own: the live picture's layout stays as it is
+        fig.axes[0].set_xlim(self.ax.get_xlim())
+        png = base64.b64encode(_png(fig)).decode('ascii')
+        w, applied = _css_width(fig), self.label.value
+        text = self.result.summary() + (f"\n{applied}" if applied else '')
+        page = (f'<img src="data:image/png;base64,{png}" width="{w}" style="max-width:100%; height:auto" '
+                f'alt="LR finder plot">{self._state_html()}'
+                + (f'<div>{html.escape(applied)}</div>' if applied else ''))
+        return {'text/html': page, 'image/png': png, 'text/plain': text}, {'image/png': {'width': w}}
+
+    def _repr_mimebundle_(self, include=None, exclude=None):
+        "The live widget, with the static record beside it for viewers without a widget manager."
+        data, md = self.static_bundle()
+        return {**data, **self.box._repr_mimebundle_(), 'text/plain': data['text/plain']}, md
+
+    def _ipython_display_(self):
+        "Show the live widget; once the notebook runs another cell, its output becomes the static record."
+        from IPython import get_ipython
+        from IPython.display import display
+        data, md = self._repr_mimebundle_()
+        handle = display(data, metadata=md, raw=True, display_id=True)
+        ip = get_ipython()
+        if ip is None or handle is None: return
+
+        def freeze(*_):
+            ip.events.unregister('pre_run_cell', freeze)
+            data, md = self.static_bundle()
+            handle.update(data, metadata=md, raw=True)
+        ip.events.register('pre_run_cell', freeze)
+
+# %% ../nbs/05_lr_find.ipynb #445ce3d3
+class LRFindWidget(_WidgetParts, _WidgetDisplay):
     "Plot + verdict + LR slider + 'Use this LR' button for an `LRFindResult`; `.box` is the ipywidgets container."
     def __init__(self, result: LRFindResult):
         import ipywidgets as W
         self.result = result
         lrs, choices = result.lrs, result.choices
-        start = result._lr(None) if choices else math.sqrt(lrs[0] * lrs[-1])
+        start = result._lr(None) if choices else _round_lr(math.sqrt(lrs[0] * lrs[-1]))
         # the slider spans the sweep and every pick (a hand-made result's `minimum` or `slide` can lie below the sweep's
         # first LR), a hair wider than the extremes so that 10**min cannot round above the smallest one
         ends = [lrs[0], lrs[-1], *(v for v in choices.values() if 0 < v < math.inf)]
         lo, hi = math.log10(min(ends)) - 1e-9, math.log10(max(ends)) + 1e-9
-        self.fig = result.plot(lr=start)
-        self.vline = result._vline
-        self.vline.set_visible(True)
-        self.image = W.Image(value=_png(self.fig), format='png', layout=W.Layout(width='640px'))
+        self.fig = result.plot()   # drawn once, with no LR line: the line is `.marker`, over the picture
+        self.ax = self.fig.axes[0]
+        self.ax.set_xlim(10 ** lo, 10 ** hi)   # the slider's range, end to end: the marker's track lies on this axis
+        self.image = W.Image(value=_png(self.fig), format='png',
+                             layout=W.Layout(width='100%', height='auto', margin='0', grid_area='plot'))
+        slider = dict(value=start, base=10, min=lo, max=hi, step=SLIDER_STEP, continuous_update=True)
+        self.slider = W.FloatLogSlider(description='LR', readout_format='.2e', **slider,
+                                       layout=W.Layout(width='100%', max_width='640px'))
+        self.slider.add_class('tnb-lr-slider')
+        self.marker = W.FloatLogSlider(readout=False, **slider, layout=self._over_axes())
+        self.marker.add_class('tnb-lr-marker')
+        self._link = W.jslink((self.slider, 'value'), (self.marker, 'value'))   # moved by the browser alone
+        self.plot = W.GridBox([self.image, self.marker, W.HTML(_MARKER_CSS)], layout=W.Layout(
+            grid_template_areas='"plot"', grid_template_columns='100%', width='100%',
+            max_width=f'{_css_width(self.fig)}px'))
         self.state = W.HTML(value=self._state_html())
         self.state.add_class('tnb-lr-state')
         self.state.add_class('tnb-lr-reliable' if result.reliable else 'tnb-lr-unreliable')
-        self.slider = W.FloatLogSlider(value=start, base=10, min=lo, max=hi, step=0.01,
-                                       description='LR', readout_format='.2e', continuous_update=True,
-                                       layout=W.Layout(width='520px'))
-        self.slider.add_class('tnb-lr-slider')
-        self.picks = W.ToggleButtons(options=[(f"{k} {v:.1e}", k) for k, v in choices.items()],
+        self.picks = W.ToggleButtons(options=[(f"{k} {_lr_text(v)}", k) for k, v in choices.items()],
                                      value=None, description='Suggestions', style={'button_width': 'auto'})
         self.picks.add_class('tnb-lr-picks')
-        self.button = W.Button(description='Use this LR', button_style='primary',
-                               tooltip='Set trainer.lr to the slider value')
+        self.button = W.Button(description='Use this LR', button_style='primary')
         self.button.add_class('tnb-lr-apply')
         self.label = W.Label(value='')
         self.label.add_class('tnb-lr-label')
+        self._pick = None
         self.slider.observe(self._moved, names='value')
         self.picks.observe(self._picked, names='value')
         self.button.on_click(self._apply)
-        self.box = W.VBox([self.image, self.state, self.slider, self.picks, W.HBox([self.button, self.label])])
+        self.box = W.VBox([self.plot, self.state, self.slider, self.picks, W.HBox([self.button, self.label])],
+                          layout=W.Layout(max_width='100%'))
         self.box.add_class('tnb-lr-find')
-
-    def _state_html(self) -> str:
-        import html
-        r = self.result
-        color = '#1a7f37' if r.reliable else '#b42318'
-        return f'<div style="color:{color}; max-width:640px">{html.escape(r.verdict or "")}</div>'
-
-    def _moved(self, change):
-        self.vline.set_xdata([change['new']] * 2)
-        self.image.value = _png(self.fig)
-
-    def _picked(self, change):
-        if change['new'] is not None: self.slider.value = self.result.choices[change['new']]
-
-    def _apply(self, _=None):
-        lr = self.result.apply(self.slider.value)
-        self.label.value = f"trainer.lr = {lr:.3e}: the next fit uses it"
-
-    def _repr_mimebundle_(self, include=None, exclude=None):
-        "The live widget, with the plot as a PNG and the summary as text for viewers without a widget manager."
-        import base64
-        data = self.box._repr_mimebundle_()
-        data['image/png'] = base64.b64encode(_png(self.fig)).decode('ascii')
-        data['text/plain'] = self.result.summary()
-        return data
+        self._tip()
 
 # %% ../nbs/05_lr_find.ipynb #c4603f98
 def _in_notebook() -> bool:
@@ -440,11 +559,32 @@ def _in_notebook() -> bool:
     ip = ip.get_ipython() if ip is not None else None
     return ip is not None and 'IPKernelApp' in getattr(ip, 'config', {})
 
+class _SweepBar:
+    """The sweep's progress in a notebook: a line of text updated in place (at most 5 times a second) and emptied at
+    the end. Not a widget: a saved notebook keeps no model of it, so nothing can go missing when it is reopened."""
+    def __init__(self, total: int):
+        from IPython.display import display
+        self.n, self.total, self.shown = 0, total, time.monotonic()
+        self.handle = display({'text/plain': self._text()}, raw=True, display_id=True)
+
+    def _text(self) -> str: return f"lr_find: step {self.n} of at most {self.total}"
+
+    def update(self, k: int = 1):
+        self.n += k
+        if time.monotonic() - self.shown >= 0.2:
+            self.shown = time.monotonic()
+            self.handle.update({'text/plain': self._text()}, raw=True)
+
+    def close(self): self.handle.update({}, raw=True)
+
+# %% ../nbs/05_lr_find.ipynb #8c9ac2bf
 def _read_into(res: LRFindResult, methods):
     "Fill `res`'s reading, suggestions, verdict and fallback from its raw losses (your own rules read `res.losses`)."
     r = read_sweep(res.lrs, res.raw_losses)
     if isinstance(methods, dict): sugg, fallback = suggest(res.lrs, res.losses, methods), None   # yours: no fallback
     else: sugg, fallback = suggest_sweep(r, methods)
+    sugg = {k: _round_lr(v, None if isinstance(methods, dict) else r.bounds) for k, v in sugg.items()}   # as shown
+    if fallback is not None: fallback = _round_lr(fallback, r.bounds)
     res.suggestions, res.reading, res.reliable, res.reason, res.fallback = sugg, r, r.reliable, r.reason, fallback
 
 def lr_find(trainer, start_lr: float = 1e-7, end_lr: float = 10, num_it: int = 100, beta: float = 0.98,
@@ -474,8 +614,10 @@ def lr_find(trainer, start_lr: float = 1e-7, end_lr: float = 10, num_it: int = 1
     dl = self.train_loader   # prepared now, as fit would, so that the rewind covers its state
     bar = None
     if show and main:
-        from tqdm.auto import tqdm
-        bar = tqdm(total=num_it, desc='lr_find', leave=False)
+        if _in_notebook(): bar = _SweepBar(num_it)
+        else:
+            from tqdm.auto import tqdm
+            bar = tqdm(total=num_it, desc='lr_find', leave=False)
     lrs = trainer.lrs
     sweep = _Sweep(sched, [l / max(lrs) for l in lrs], beta, div, bar)   # the swept LR: the fastest group's
     try: n = len(dl)

@@ -4,10 +4,10 @@
 
 # %% ../nbs/01_recorder.ipynb #7054e7d2
 from __future__ import annotations
-import math
+import functools, math
 
 # %% auto #0
-__all__ = ['Recorder', 'Binned']
+__all__ = ['new_figure', 'Recorder', 'Binned']
 
 # %% ../nbs/01_recorder.ipynb #b6e98ae6
 import numpy as np
@@ -77,12 +77,41 @@ def _nan_to_none(xs) -> list: return [None if x != x else x for x in xs.tolist()
 def _none_to_nan(xs) -> list: return [math.nan if x is None else x for x in xs]
 
 # %% ../nbs/01_recorder.ipynb #7a84b0c6
+@functools.cache
+def _shown_figure_class():
+    "The `Figure` subclass of `new_figure` (made on first use: importing the library does not import matplotlib)."
+    from matplotlib.figure import Figure
+
+    class ShownFigure(Figure):
+        "A `Figure` that shows itself in a notebook: as a PNG, or as its `note` in words when it has nothing to draw."
+        note = ''
+
+        def _repr_png_(self):
+            if self.note: return None   # the words, as text (`__repr__`), rather than a picture of empty axes
+            import io
+            from matplotlib.backends.backend_agg import FigureCanvasAgg
+            FigureCanvasAgg(self)
+            buf = io.BytesIO()
+            self.savefig(buf, format='png')
+            w, h = self.get_size_inches()
+            return buf.getvalue(), {'width': round(w * 100), 'height': round(h * 100)}   # 100 CSS px an inch
+
+        def __repr__(self): return self.note or super().__repr__()
+    return ShownFigure
+
+def new_figure(figsize=(6, 3.5), dpi: int = 150):
+    """A matplotlib `Figure` (constrained layout) that shows itself in a notebook whatever was imported (no pyplot,
+    no `%matplotlib`): a PNG drawn at `dpi`, shown 100 CSS pixels an inch (crisp on a high-DPI screen)."""
+    return _shown_figure_class()(figsize=figsize, dpi=dpi, layout='constrained')
+
 def _new_ax(ax, figsize=(6, 3.5)):
-    if ax is not None: return ax
-    import matplotlib.pyplot as plt
-    fig, ax = plt.subplots(figsize=figsize, layout='constrained')
-    plt.close(fig)   # not shown twice in a notebook: the returned figure is displayed once
-    return ax
+    return new_figure(figsize).add_subplot() if ax is None else ax
+
+def _nothing_to_draw(ax, note: str):
+    "Say `note` in the axes, and as the figure's text in a notebook."
+    ax.text(0.5, 0.5, note, ha='center', va='center', wrap=True, transform=ax.transAxes, color='0.4')
+    ax.set(xticks=[], yticks=[])
+    ax.figure.note = note
 
 # %% ../nbs/01_recorder.ipynb #e806ef37
 def _momentum_key(g: dict) -> str | None:
@@ -261,9 +290,12 @@ class _RecorderPlots:
             ax.plot(xs, _bucket_means(Smoother(smooth).update(loss), max_points), color='C0', label='train')
         vs, vl = self.per_epoch('valid_loss')
         if len(vs): ax.plot(vs, vl, 'o-', color='C1', label='valid')
+        if not (n or len(vs)):
+            _nothing_to_draw(ax, "No losses to plot yet: plot_loss draws the train and valid losses after a fit.")
+            return ax.figure
         if log: ax.set_yscale('log')
         ax.set(xlabel='step', ylabel='loss')
-        if n or len(vs): ax.legend()
+        ax.legend()
         return ax.figure
 
     def plot_lr(self, log: bool = False, max_points: int = 1000, ax=None):
@@ -271,6 +303,9 @@ class _RecorderPlots:
         self._commit()
         ax = _new_ax(ax)
         n = len(self._step)
+        if not n:
+            _nothing_to_draw(ax, "No learning rates to plot yet: plot_lr draws them after a fit.")
+            return ax.figure
         steps = _bucket_means(self._step.a[:n], max_points)
         for i, b in enumerate(self._lrs):
             ax.plot(steps, _bucket_means(b.a[:n], max_points), color=f'C{i}', label='lr' if i == 0 else f'lr_{i}')
