@@ -46,7 +46,7 @@ def test_terminal_bar_and_epoch_lines(tmp_path):
     assert out[0] == 'mode text'
     assert out[1].split() == ['epoch', 'train_loss', 'valid_loss', 'time']
     rows = [l.split() for l in out[2:5]]
-    assert [row[0] for row in rows] == ['0', '1', '2'], out          # one line per epoch
+    assert [row[0] for row in rows] == ['1', '2', '3'], out          # one line per epoch, counted from 1
     valid = [float(v) for v in out[5].split()[1:]]
     assert [float(row[2]) for row in rows] == valid                    # the lines show the real numbers
     assert len(out) == 6, out
@@ -61,7 +61,7 @@ def test_terminal_keyboard_interrupt_closes_cleanly(tmp_path):
     r, png = run(tmp_path, stop_at=50)
     assert r.returncode != 0 and 'KeyboardInterrupt' in r.stderr
     out = r.stdout.splitlines()
-    assert [l.split()[0] for l in out[2:-1]] == ['0'], out             # the first epoch (40 batches) completed
+    assert [l.split()[0] for l in out[2:-1]] == ['1'], out             # the first epoch (40 batches) completed
     assert out[-1] == 'fit interrupted'
     assert png.read_bytes()[:4] == b'\x89PNG'                          # the curves so far are still written
 
