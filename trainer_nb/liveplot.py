@@ -73,9 +73,10 @@ class PlotView:
         self.widget.add_class('trainer-nb-liveplot')
         self.handle = display_handle(self.widget)
 
-    def show(self, png: bytes):
-        "Show the PNG `png` in the widget."
-        self.widget.value = png
+    def show(self, image: bytes, fmt: str = 'png'):
+        "Show `image` (a picture in the format `fmt`: 'png' or 'jpeg') in the widget."
+        if self.widget.format != fmt: self.widget.format = fmt
+        self.widget.value = image
 
     def finish(self, png: bytes | None):
         "Replace the widget by the static `png` (None: just close the widget)."
@@ -178,9 +179,9 @@ class _PlotCurves:
             self._auto_log = bool(r) and r[1] >= LOG_SPAN * r[0]
         return self._auto_log
 
-    def _render(self) -> bytes:
-        "PNG of the figure. The axes, ticks and labels are drawn only when a limit changed; otherwise the cached"
-        " background is restored and only the lines are drawn on it."
+    def _render(self, fmt: str = 'png') -> bytes:
+        "The figure as `fmt` ('png' or 'jpeg'). The axes, ticks and labels are drawn only when a limit changed;"
+        " otherwise the cached background is restored and only the lines are drawn on it."
         fig = self.fig
         canvas = fig.canvas
         key = (tuple((a.get_xlim(), a.get_ylim(), a.get_yscale()) for a in self._axes), canvas.get_width_height())
@@ -195,9 +196,10 @@ class _PlotCurves:
         from PIL import Image as PILImage
         w, h = canvas.get_width_height(physical=True)
         buf = io.BytesIO()
-        # RGB (the figure is opaque): a smaller PNG, encoded faster
-        PILImage.frombuffer('RGBA', (w, h), canvas.buffer_rgba(), 'raw', 'RGBA', 0, 1).convert('RGB').save(
-            buf, format='png', compress_level=1)
+        # RGB (the figure is opaque): a smaller picture, encoded faster
+        rgb = PILImage.frombuffer('RGBA', (w, h), canvas.buffer_rgba(), 'raw', 'RGBA', 0, 1).convert('RGB')
+        if fmt == 'jpeg': rgb.save(buf, format='jpeg', quality=90, subsampling=0)   # 4:4:4: colours stay sharp
+        else: rgb.save(buf, format='png', compress_level=1)
         return buf.getvalue()
 
 # %% ../nbs/04_liveplot.ipynb #11217048
@@ -214,25 +216,34 @@ class _PlotDrawing:
                 return
         self.redraw()
     def redraw(self, final: bool = False) -> bytes:
-        "Draw the current curves now; update the widget and/or the file; returns the PNG bytes."
+        """Draw the current curves now; update the widget and/or the file; returns the picture's bytes: PNG, or JPEG
+        for a live frame that only the widget shows."""
         t, fig = time.perf_counter(), self.fig
-        png = self.png()
-        if self.view is not None and not final: self.view.show(png)
-        if self.path is not None and (final or self.save_every_draw):
-            with open(self.path, 'wb') as f: f.write(png)
+        to_file = self.path is not None and (final or self.save_every_draw)
+        live = self.view is not None and not final
+        if live and not to_file:
+            img = self._draw('jpeg')
+            self.view.show(img, 'jpeg')
+        else:
+            img = self.png()
+            if live: self.view.show(img)
+        if to_file:
+            with open(self.path, 'wb') as f: f.write(img)
         now = time.perf_counter()
         d = now - t
         self.draw_time += d
         self.n_draws += 1
         # a draw that made the figure (and imported matplotlib) costs more than the next ones: it doesn't set the pace
         self._next = now + (self.every if self.fig is not fig else max(self.every, d / self.max_share))
-        return png
+        return img
     def png(self) -> bytes:
         "The curves as PNG bytes, drawn now (e.g. to show with `IPython.display.Image` after a fit)."
+        self.last_png = self._draw('png')
+        return self.last_png
+    def _draw(self, fmt: str) -> bytes:
         if self.rec is None: raise RuntimeError("Nothing to draw yet: the plot reads its Recorder when a fit starts")
         self._update_figure(self._bins.arrays())
-        self.last_png = self._render()
-        return self.last_png
+        return self._render(fmt)
     def _metric_names(self) -> list[str]:
         "The metrics the third panel shows (none: no third panel)."
         m = self.metrics
