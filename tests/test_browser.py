@@ -3,8 +3,14 @@ and notebooks executed headlessly (nbclient) whose saved files keep the static c
 when a fit was stopped early or failed."""
 import base64, re, time
 
+try:
+    from playwright.sync_api import TimeoutError as PlaywrightTimeout
+except ImportError:   # (the browser tests are skipped then)
+    PlaywrightTimeout = TimeoutError
+
 from conftest import REPO
-from jupyter_lab import KERNEL, jupyter_env, lab_server, needs_browser, notebook_page, run_all_cells, write_notebook
+from jupyter_lab import (KERNEL, jupyter_env, lab_server, needs_browser, notebook_page, output_texts, run_all_cells,
+                         wait_for_text, write_notebook)
 
 # The notebook that both tests run: a fit of a few seconds with Recorder, Progress and LivePlot.
 SETUP = f"""\
@@ -145,3 +151,137 @@ def test_nbclient_stopped_and_failed_fits_leave_static_outputs(tmp_path, monkeyp
     done = [h for h in htmls_of(failed) if 'trainer-nb-progress-done' in h]
     assert len(done) == 1 and 'failed: RuntimeError: bad batch' in done[0] and 'epoch 1/2, batch 100/250' in done[0]
     assert '<tr' not in done[0]   # no epoch finished: no table
+
+# A fit of 30 short epochs that waits twice for the test: after its first batch, and when epoch 15 starts; the test
+# lets it go on by creating the files `go1` and `go2` beside the notebook.
+BUILD_30 = f"""\
+import os
+def mae(preds, targets): return (preds - targets).abs().mean()
+class Slow(Hook):
+    "Makes each step take a little time, so that the plot redraws while the fit runs."
+    def after_step(self): time.sleep(0.01)
+class Wait(Hook):
+    "Waits for the test (a file it creates) after the first batch and when epoch 15 starts."
+    order = 40   # after Progress and LivePlot have drawn
+    def wait(self, name):
+        end = time.time() + 300
+        while not os.path.exists(name):
+            if time.time() > end: raise TimeoutError(name)
+            time.sleep(0.02)
+    def after_batch(self):
+        if self.trainer.state.iteration == 1: self.wait('go1')
+    def before_epoch(self):
+        if self.trainer.state.epoch == 14: self.wait('go2')
+torch.manual_seed(0)
+x = torch.randn(320, 8); y = x @ torch.randn(8, 1) + 0.05 * torch.randn(320, 1)
+dl = DataLoader(TensorDataset(x[:256], y[:256]), batch_size=16, shuffle=True)
+vdl = DataLoader(TensorDataset(x[256:], y[256:]), batch_size=64)"""
+
+# the fit's cell: a few lines, as a person writes it
+FIT_30 = """\
+plot = LivePlot(every=0.3, max_share=0.2)
+tr = Trainer(nn.Sequential(nn.Linear(8, 32), nn.ReLU(), nn.Linear(32, 1)), dl, vdl,
+             loss_func=F.mse_loss, lr=3e-3, cpu=True, default_hooks=False, metrics=[mae],
+             hooks=[Recorder(), Progress(every=0.2), plot, Slow(), Wait()],
+             scheduler=lambda opt, n: torch.optim.lr_scheduler.OneCycleLR(opt, 1e-2, total_steps=n))
+tr.fit(30)"""
+
+JS_IMAGES = """() => [...document.querySelectorAll('.jp-OutputArea-output img')].map(i => ({
+    live: i.classList.contains('trainer-nb-liveplot'), complete: i.complete, w: i.naturalWidth, h: i.naturalHeight,
+    shown: i.getBoundingClientRect().width,
+    area: i.closest('.jp-OutputArea-output').getBoundingClientRect().width}))"""
+
+JS_TABLE = """(sel) => {
+  const t = document.querySelector(sel + ' table.trainer-nb-results');
+  if (!t) return null;
+  const td = t.querySelector('tbody td'), cs = getComputedStyle(td);
+  return {align: cs.textAlign, font: cs.fontSize, padding: cs.paddingTop,
+          row_h: t.querySelector('tbody tr').getBoundingClientRect().height,
+          epochs: [...t.querySelectorAll('tbody tr')].map(r => r.cells[0].innerText.trim())};
+}"""
+
+JS_VIEW = """() => {
+  const img = document.querySelector('img.trainer-nb-liveplot'), r = img.getBoundingClientRect();
+  return {top: r.top, bottom: r.bottom, left: r.left, right: r.right, vw: window.innerWidth, vh: window.innerHeight,
+          status: document.querySelector('.trainer-nb-progress').innerText};
+}"""
+
+JS_PROGRESS = "() => { const p = document.querySelector('.trainer-nb-progress'); return p ? p.innerText : ''; }"
+
+def fits_window(page):
+    "Wait until JupyterLab has laid the notebook out again for the window's new size."
+    page.wait_for_function("() => { const o = document.querySelector('.jp-Notebook');"
+                           " return o && o.getBoundingClientRect().right <= window.innerWidth + 1; }", timeout=30_000)
+
+@needs_browser
+def test_jupyterlab_live_view_stays_readable(tmp_path):
+    """At a 1400x900 window: no broken image from the start, the plot in view at epoch 15 of 30 above a short
+    live table styled as the final one, one epoch numbering; at 900 and 420 px the plot fits the output area."""
+    root = tmp_path / 'root'
+    shots = {}
+    with lab_server(tmp_path) as server:
+        write_notebook(root / 'run.ipynb', [SETUP, BUILD_30, FIT_30, DONE])
+        with notebook_page(server, 'run.ipynb', viewport=(1400, 900)) as page:
+            page.evaluate("() => window.jupyterapp.shell.collapseLeft()")   # the file browser closed: the notebook
+            run_all_cells(page)
+            # paused after the first batch: the live plot's image is there, and it is a real image (no broken icon)
+            page.wait_for_function("() => document.querySelector('img.trainer-nb-liveplot')", timeout=120_000)
+            try:   # an image that loads completes at once; a broken one may never say so: then the assert below fails
+                page.wait_for_function("() => document.querySelector('img.trainer-nb-liveplot').complete",
+                                       timeout=20_000)
+            except PlaywrightTimeout: pass
+            start = page.evaluate(JS_IMAGES)
+            # no broken image: the plot's image is there from the start, and it is a loaded one with a size
+            assert any(i['live'] for i in start) and all(i['complete'] and i['w'] > 0 for i in start), start
+            (root / 'go1').touch()
+            # until epoch 15 starts (the fit waits there), every image shown is a loaded one
+            seen = [start]
+            while '15/30 [' not in page.evaluate(JS_PROGRESS):
+                seen.append(page.evaluate(JS_IMAGES))
+                assert 'Error' not in ''.join(output_texts(page)), output_texts(page)
+                time.sleep(0.05)
+            # the plot has drawn curves by now (the placeholder is a tenth of the picture's width)
+            page.wait_for_function("() => document.querySelector('img.trainer-nb-liveplot').naturalWidth > 1000",
+                                   timeout=120_000)
+            # a person following the fit: the fit's cell at the top of the notebook's panel
+            page.evaluate("() => document.querySelectorAll('.jp-CodeCell')[2].scrollIntoView({block: 'start'})")
+            page.wait_for_function("() => Math.abs(document.querySelectorAll('.jp-CodeCell')[2]"
+                                   ".getBoundingClientRect().top) < 150", timeout=30_000)
+            view, live = page.evaluate(JS_VIEW), page.evaluate(JS_TABLE, '.trainer-nb-progress')
+            shots['1400'] = tmp_path / 'live_1400.png'
+            page.screenshot(path=str(shots['1400']))
+            widths = {}
+            for w in (900, 420):
+                page.set_viewport_size({'width': w, 'height': 900})
+                fits_window(page)
+                widths[w] = [i for i in page.evaluate(JS_IMAGES) if i['live']]
+                shots[w] = tmp_path / f'live_{w}.png'
+                page.screenshot(path=str(shots[w]))
+            page.set_viewport_size({'width': 1400, 'height': 900})
+            (root / 'go2').touch()
+            wait_for_text(page, 'ALL DONE', timeout=300)
+            page.wait_for_function("() => !document.querySelector('.trainer-nb-progress')", timeout=60_000)
+            final = page.evaluate(JS_TABLE, '.trainer-nb-progress-done')
+            status = page.evaluate("() => document.querySelector('.trainer-nb-progress-done p').innerText")
+            page.set_viewport_size({'width': 900, 'height': 900})
+            fits_window(page)
+            static = page.evaluate(JS_IMAGES)
+            print(f"\nscreenshots: {shots}")
+    # and every image shown after that, up to epoch 15, had loaded with a size
+    assert all(i['complete'] and i['w'] > 0 for imgs in seen for i in imgs), [i for s in seen for i in s if not i['w']]
+    # epoch 15 of 30: one numbering (the status line's epoch 15 above a table ending at 14), only the last 5 rows
+    assert '15/30 [' in view['status'] and live['epochs'] == ['10', '11', '12', '13', '14'], (view, live)
+    # the plot is in view at 1400x900, whole
+    assert 0 <= view['top'] and view['bottom'] <= view['vh'] and view['right'] <= view['vw'], view
+    # the live table looks as the final one: numbers right-aligned, the same compact rows
+    assert live['align'] == final['align'] == 'right', (live, final)
+    assert (live['font'], live['padding']) == (final['font'], final['padding']) and live['row_h'] <= 24, (live, final)
+    assert abs(live['row_h'] - final['row_h']) <= 1, (live, final)
+    # the whole table and the same numbering at the end
+    assert final['epochs'] == [str(i) for i in range(1, 31)] and status.startswith('done: epoch 30/30'), status
+    # the plot is drawn at 2x and shown no wider than the output area, at 900 and at 420 px
+    for w, imgs in widths.items():
+        assert imgs and all(i['w'] >= 2 * i['shown'] - 1 and i['shown'] <= i['area'] + 0.5 for i in imgs), (w, imgs)
+    assert widths[420][0]['shown'] < widths[900][0]['shown'], widths
+    pngs = [i for i in static if not i['live']]
+    assert pngs and all(i['w'] > 1000 and i['shown'] <= i['area'] + 0.5 for i in pngs), static

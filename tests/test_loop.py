@@ -135,7 +135,7 @@ def test_cancel_epoch_still_validates(make_trainer):
     assert rec.log == ['before_fit', *epoch * 2, 'after_fit']
     assert t.state.epoch == 2 and t.state.iteration == 4
     assert t.cancelled is None
-    assert set(t.epoch_results) >= {'epoch', 'train_loss', 'valid_loss', 'time'} and t.epoch_results['epoch'] == 1
+    assert set(t.epoch_results) >= {'epoch', 'train_loss', 'valid_loss', 'time'} and t.epoch_results['epoch'] == 2
 
 
 # ---- cancel exceptions at every event: the table in nbs/00_core.ipynb ----
@@ -396,7 +396,7 @@ def test_print_metrics_one_line_per_epoch(make_trainer, capsys):
     lines = capsys.readouterr().out.splitlines()
     assert len(lines) == 3
     for i, line in enumerate(lines):
-        assert line.startswith(f"epoch {i}  train_loss ") and ' valid_loss ' in line and ' <lambda> ' in line
+        assert line.startswith(f"epoch {i + 1}  train_loss ") and ' valid_loss ' in line and ' <lambda> ' in line
 
 
 # ---- hooks management ----

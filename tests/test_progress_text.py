@@ -46,7 +46,7 @@ def test_terminal_bar_and_epoch_lines(tmp_path):
     assert out[0] == 'mode text'
     assert out[1].split() == ['epoch', 'train_loss', 'valid_loss', 'time']
     rows = [l.split() for l in out[2:5]]
-    assert [row[0] for row in rows] == ['0', '1', '2'], out          # one line per epoch
+    assert [row[0] for row in rows] == ['1', '2', '3'], out          # one line per epoch, counted from 1
     valid = [float(v) for v in out[5].split()[1:]]
     assert [float(row[2]) for row in rows] == valid                    # the lines show the real numbers
     assert len(out) == 6, out
@@ -61,7 +61,7 @@ def test_terminal_keyboard_interrupt_closes_cleanly(tmp_path):
     r, png = run(tmp_path, stop_at=50)
     assert r.returncode != 0 and 'KeyboardInterrupt' in r.stderr
     out = r.stdout.splitlines()
-    assert [l.split()[0] for l in out[2:-1]] == ['0'], out             # the first epoch (40 batches) completed
+    assert [l.split()[0] for l in out[2:-1]] == ['1'], out             # the first epoch (40 batches) completed
     assert out[-1] == 'fit interrupted'
     assert png.read_bytes()[:4] == b'\x89PNG'                          # the curves so far are still written
 
@@ -174,3 +174,18 @@ def test_only_the_main_process_shows_anything(tmp_path):
     # the other: trained (and recorded) as well, but showed and wrote nothing
     assert out[1] == ['rank 1 of 2 redraws 0 0 steps 16'], out[1]
     assert 'epoch' not in err[1] and not (tmp_path / 'curves1.png').exists()
+
+
+def test_one_epoch_numbering_in_text_mode_across_fits(capsys):
+    "Epochs counted from 1, going on across fits: the bar's 'epoch N/M', the epoch lines and the history agree."
+    import io
+    from trainer_nb.progress import Progress
+    out = io.StringIO()
+    tr = sleepy_trainer([Progress(mode='text', file=out, every=0)], n_batches=4, sleep=0)
+    tr.fit(2)
+    tr.fit(2)   # goes on: epochs 3 and 4
+    bars = sorted(set(re.findall(r'epoch (\d+)/(\d+)', capsys.readouterr().err)))
+    assert bars == [('1', '2'), ('2', '2'), ('3', '4'), ('4', '4')], bars
+    lines = [l.split() for l in out.getvalue().splitlines()]
+    assert [l[0] for l in lines] == ['epoch', '1', '2', 'epoch', '3', '4'], lines   # a header per fit
+    assert list(tr.history.epoch) == [1, 2, 3, 4] and tr.epoch_results['epoch'] == tr.state.epoch == 4

@@ -93,7 +93,7 @@ def test_history_has_one_row_per_epoch_with_the_metrics():
     t = make(n_batches=4, metrics=[accuracy], hooks=[Spy()])
     t.fit(2); t.fit(1)
     h = t.history
-    assert list(h.columns) == ['epoch', 'train_loss', 'valid_loss', 'accuracy', 'time'] and h.epoch.tolist() == [0, 1, 2]
+    assert list(h.columns) == ['epoch', 'train_loss', 'valid_loss', 'accuracy', 'time'] and h.epoch.tolist() == [1, 2, 3]
     assert np.isclose(h.train_loss[2], np.mean(t.get_hook(Spy).losses), rtol=1e-6)
     assert h.valid_loss[2] == pytest.approx(t.evaluate()['valid_loss']) and h.accuracy.between(0, 1).all()
     no_valid = make(n_batches=4, valid=False)
@@ -255,7 +255,7 @@ def test_a_stopped_fit_keeps_its_steps_and_the_next_fit_records_on():
     bl = np.array(t.get_hook(AllLosses).losses)
     expected = [bl[i - 2:i].mean() if i not in (7, 16) else bl[i - 1] for i in steps.iteration]
     np.testing.assert_allclose(steps.loss, expected, rtol=1e-6)
-    assert t.history.epoch.tolist() == [0, 1]   # the stopped epoch did not finish; the next fit ran it
+    assert t.history.epoch.tolist() == [1, 2]   # the stopped epoch did not finish; the next fit ran it
 
 
 def test_a_step_whose_after_step_was_cut_short_is_recorded():
@@ -301,7 +301,7 @@ def test_state_dict_is_json_and_round_trips():
     t2.get_hook(Recorder).load_state_dict(state)
     t2.fit(1)
     s2 = t2.get_hook(Recorder).steps
-    assert s2.step.tolist() == list(range(1, 16)) and s2.loss.notna().all() and t2.history.epoch.tolist() == [0, 1, 2]
+    assert s2.step.tolist() == list(range(1, 16)) and s2.loss.notna().all() and t2.history.epoch.tolist() == [1, 2, 3]
 
 
 def test_plots_return_figures():
@@ -345,12 +345,16 @@ def test_liveplot_x_axis_ends_at_the_last_step_the_scheduler_counts():
 
 def test_liveplot_metric_panel():
     def error(preds, targets): return 1 - accuracy(preds, targets)
-    plain = LivePlot(mode='text', path=os.devnull)
+    plain = LivePlot(mode='text', path=os.devnull, metrics=False)
     t = make(n_batches=4, metrics=[accuracy, error], hooks=[plain])
     t.fit(1)
-    assert len(plain.fig.axes) == 2 and plain.ax_metric is None      # off by default
-    for metrics, shown in ((True, ['accuracy', 'error']), (['error'], ['error']), ([accuracy], ['accuracy'])):
-        plot = LivePlot(mode='text', path=os.devnull, metrics=metrics)
+    assert len(plain.fig.axes) == 2 and plain.ax_metric is None      # left out on request
+    no_metrics = LivePlot(mode='text', path=os.devnull)
+    make(n_batches=4, hooks=[no_metrics]).fit(1)
+    assert len(no_metrics.fig.axes) == 2 and no_metrics.ax_metric is None   # a trainer without metrics: no panel
+    for metrics, shown in ((None, ['accuracy', 'error']), (True, ['accuracy', 'error']), (['error'], ['error']),
+                           ([accuracy], ['accuracy'])):
+        plot = LivePlot(mode='text', path=os.devnull, **({} if metrics is None else dict(metrics=metrics)))   # default: all
         t = make(n_batches=4, metrics=[accuracy, error], hooks=[plot])
         t.fit(3)
         assert len(plot.fig.axes) == 3 and list(plot.l_metrics) == shown

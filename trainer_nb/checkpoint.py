@@ -998,7 +998,8 @@ class MetricsLog(_MetricsFile, MainProcessHook):
         if self.every_steps is None or self.trainer.state.step % self.every_steps: return
         t, s = self.trainer, self.trainer.state
         t.flush_losses()
-        self._write({'kind': 'train', 'step': s.step, 'epoch': s.epoch, 'iteration': s.iteration, 'samples': s.samples,
+        self._write({'kind': 'train', 'step': s.step, 'epoch': s.epoch + 1,   # the epoch it is in, counted from 1
+                     'iteration': s.iteration, 'samples': s.samples,
                      'loss': t.losses.mean(self._lo), 'lr': t.opt.param_groups[0]['lr'],
                      'time': time.time() - self._t0})
         self._lo = len(t.losses)

@@ -179,7 +179,7 @@ class Trainer:
         finally:   # an Accelerate loader left part-way stays registered as the one iterated: end it
             if hasattr(loader, 'end'): loader.end()
         self.flush_losses()
-        self.epoch_results = {'epoch': s.epoch, 'train_loss': _epoch_train_loss(self)}
+        self.epoch_results = {'epoch': s.epoch + 1, 'train_loss': _epoch_train_loss(self)}   # counted from 1
         if self.valid_dl is not None:
             self.phase = 'valid'
             try:

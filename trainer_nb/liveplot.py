@@ -7,7 +7,7 @@ from __future__ import annotations
 import io, math, time, warnings
 
 # %% auto #0
-__all__ = ['PlotView', 'LivePlot']
+__all__ = ['LOG_SPAN', 'PlotView', 'LivePlot']
 
 # %% ../nbs/04_liveplot.ipynb #892d2db3
 import numpy as np
@@ -55,24 +55,35 @@ def _few_ticks(axis):
     axis.set_major_locator(MaxNLocator(nbins=4, steps=[1, 2, 2.5, 5, 10]))
 
 # %% ../nbs/04_liveplot.ipynb #caf14668
+def _blank_png(width: int, height: int) -> bytes:
+    "A small white PNG shaped as `width` x `height`: a placeholder that shows nothing (an empty one shows as broken)."
+    from PIL import Image as PILImage
+    buf = io.BytesIO()
+    PILImage.new('RGB', (max(width // 10, 1), max(height // 10, 1)), 'white').save(buf, format='png')
+    return buf.getvalue()
+
 class PlotView:
-    "The live plot's image widget; at the end of the fit a static PNG takes its place."
-    def __init__(self):
+    """The live plot's image widget, `width` x `height` CSS pixels (never wider than the cell); at the end of the fit
+    a static PNG takes its place."""
+    def __init__(self, width: int = 860, height: int = 290):
         import ipywidgets as W
-        self.widget = W.Image(format='png', value=b'')
+        self.width = width
+        lay = W.Layout(width=f'{width}px', max_width='100%', height='auto')
+        self.widget = W.Image(format='png', value=_blank_png(width, height), layout=lay)
         self.widget.add_class('trainer-nb-liveplot')
         self.handle = display_handle(self.widget)
 
-    def show(self, png: bytes):
-        "Show the PNG `png` in the widget."
-        self.widget.value = png
+    def show(self, image: bytes, fmt: str = 'png'):
+        "Show `image` (a picture in the format `fmt`: 'png' or 'jpeg') in the widget."
+        if self.widget.format != fmt: self.widget.format = fmt
+        self.widget.value = image
 
     def finish(self, png: bytes | None):
         "Replace the widget by the static `png` (None: just close the widget)."
         try:
             if png is not None and self.handle is not None:
                 from IPython.display import Image
-                self.handle.update(Image(data=png, format='png'))
+                self.handle.update(Image(data=png, format='png', width=self.width))   # shown at its CSS size
         finally: self.widget.close()
 
 VIEWS['liveplot'] = PlotView
@@ -85,34 +96,34 @@ class _PlotFigure:
         from matplotlib.backends.backend_agg import FigureCanvasAgg
         t = time.perf_counter()
         names = list(self.metric_names)
-        figsize = self.figsize or ((11.5, 2.8) if names else (8, 2.8))
-        fig = Figure(figsize=figsize, dpi=self.dpi)
+        figsize = self.css_figsize()
+        fig = Figure(figsize=figsize, dpi=self.dpi * self.scale)   # `scale` pixels per CSS pixel
         FigureCanvasAgg(fig)
         axes = fig.subplots(1, 3 if names else 2)
         self.ax_loss, self.ax_lr = axes[0], axes[1]
         self.ax_metric = axes[2] if names else None
         w = figsize[0]
-        fig.subplots_adjust(left=0.56 / w, right=1 - 0.16 / w, bottom=0.16, top=0.9, wspace=0.22)
+        fig.subplots_adjust(left=0.6 / w, right=1 - 0.16 / w, bottom=0.19, top=0.88, wspace=0.3 if names else 0.22)
         ax = self.ax_loss
         self.l_raw, = ax.plot([], [], color='C0', alpha=0.25, lw=0.8)
         self.l_train, = ax.plot([], [], color='C0', lw=1.6, label='train (smoothed)')
         self.l_valid, = ax.plot([], [], 'o-', color='C1', ms=4, lw=1.4, label='valid')
-        ax.set_title('loss', fontsize=10)
-        ax.legend(loc='upper right', fontsize=8, frameon=False)
+        ax.set_title('loss', fontsize=10.5)
+        ax.legend(loc='upper right', fontsize=8.5, frameon=False)
         self.l_lr, = self.ax_lr.plot([], [], color='C2', lw=1.6)
-        self.ax_lr.set_title('learning rate', fontsize=10)
+        self.ax_lr.set_title('learning rate', fontsize=10.5)
         self.ax_lr.ticklabel_format(axis='y', style='sci', scilimits=(-2, 3))
         self.l_metrics = {}
         if names:
             for i, n in enumerate(names):
                 self.l_metrics[n], = self.ax_metric.plot([], [], 'o-', color=f'C{3 + i}', ms=4, lw=1.4, label=n)
-            self.ax_metric.set_title(names[0] if len(names) == 1 else 'metrics', fontsize=10)
-            if len(names) > 1: self.ax_metric.legend(loc='center right', fontsize=8, frameon=False)
+            self.ax_metric.set_title(names[0] if len(names) == 1 else 'metrics', fontsize=10.5)
+            if len(names) > 1: self.ax_metric.legend(loc='center right', fontsize=8.5, frameon=False)
         self._axes = [a for a in (self.ax_loss, self.ax_lr, self.ax_metric) if a is not None]
         for a in self._axes:
-            a.tick_params(labelsize=8)
+            a.tick_params(labelsize=8.5)
             a.grid(alpha=0.3)
-            a.set_xlabel('step', fontsize=9)
+            a.set_xlabel('step', fontsize=8.5, labelpad=1)
             _few_ticks(a.xaxis)
             _few_ticks(a.yaxis)
         self._lines = [self.l_raw, self.l_train, self.l_valid, self.l_lr, *self.l_metrics.values()]
@@ -120,6 +131,8 @@ class _PlotFigure:
         self.setup_time = time.perf_counter() - t
 
 # %% ../nbs/04_liveplot.ipynb #360db9bf
+LOG_SPAN = 10   # with `log_loss=None`, a loss axis turns logarithmic once its curves span this factor
+
 class _PlotCurves:
     "Puts the recorded curves into `LivePlot`'s figure and renders it as PNG bytes."
     def _update_figure(self, arr: dict):
@@ -140,7 +153,7 @@ class _PlotCurves:
             line.set_data(ms, mv)
             mvals.append(mv)
             msteps.append(ms)
-        log = self.log_loss
+        log = self._log_axis(sm, vloss)
         if self.ax_loss.get_yscale() != ('log' if log else 'linear'):
             self.ax_loss.set_yscale('log' if log else 'linear')
             if not log: _few_ticks(self.ax_loss.yaxis)   # set_yscale put back the default locator
@@ -158,9 +171,17 @@ class _PlotCurves:
         mr = _finite_range(*mvals, pad=False) if mvals else None
         if mr: _sticky(self.ax_metric, 'y', *mr)
 
-    def _render(self) -> bytes:
-        "PNG of the figure. The axes, ticks and labels are drawn only when a limit changed; otherwise the cached"
-        " background is restored and only the lines are drawn on it."
+    def _log_axis(self, *curves) -> bool:
+        "A log loss axis? `log_loss`, or when None: from the first time the curves span a factor of `LOG_SPAN` on."
+        if self.log_loss is not None: return self.log_loss
+        if not self._auto_log:
+            r = _finite_range(*curves, log=True, pad=False)
+            self._auto_log = bool(r) and r[1] >= LOG_SPAN * r[0]
+        return self._auto_log
+
+    def _render(self, fmt: str = 'png') -> bytes:
+        "The figure as `fmt` ('png' or 'jpeg'). The axes, ticks and labels are drawn only when a limit changed;"
+        " otherwise the cached background is restored and only the lines are drawn on it."
         fig = self.fig
         canvas = fig.canvas
         key = (tuple((a.get_xlim(), a.get_ylim(), a.get_yscale()) for a in self._axes), canvas.get_width_height())
@@ -175,9 +196,10 @@ class _PlotCurves:
         from PIL import Image as PILImage
         w, h = canvas.get_width_height(physical=True)
         buf = io.BytesIO()
-        # RGB (the figure is opaque): a smaller PNG, encoded faster
-        PILImage.frombuffer('RGBA', (w, h), canvas.buffer_rgba(), 'raw', 'RGBA', 0, 1).convert('RGB').save(
-            buf, format='png', compress_level=3)
+        # RGB (the figure is opaque): a smaller picture, encoded faster
+        rgb = PILImage.frombuffer('RGBA', (w, h), canvas.buffer_rgba(), 'raw', 'RGBA', 0, 1).convert('RGB')
+        if fmt == 'jpeg': rgb.save(buf, format='jpeg', quality=90, subsampling=0)   # 4:4:4: colours stay sharp
+        else: rgb.save(buf, format='png', compress_level=1)
         return buf.getvalue()
 
 # %% ../nbs/04_liveplot.ipynb #11217048
@@ -194,25 +216,34 @@ class _PlotDrawing:
                 return
         self.redraw()
     def redraw(self, final: bool = False) -> bytes:
-        "Draw the current curves now; update the widget and/or the file; returns the PNG bytes."
+        """Draw the current curves now; update the widget and/or the file; returns the picture's bytes: PNG, or JPEG
+        for a live frame that only the widget shows."""
         t, fig = time.perf_counter(), self.fig
-        png = self.png()
-        if self.view is not None and not final: self.view.show(png)
-        if self.path is not None and (final or self.save_every_draw):
-            with open(self.path, 'wb') as f: f.write(png)
+        to_file = self.path is not None and (final or self.save_every_draw)
+        live = self.view is not None and not final
+        if live and not to_file:
+            img = self._draw('jpeg')
+            self.view.show(img, 'jpeg')
+        else:
+            img = self.png()
+            if live: self.view.show(img)
+        if to_file:
+            with open(self.path, 'wb') as f: f.write(img)
         now = time.perf_counter()
         d = now - t
         self.draw_time += d
         self.n_draws += 1
         # a draw that made the figure (and imported matplotlib) costs more than the next ones: it doesn't set the pace
         self._next = now + (self.every if self.fig is not fig else max(self.every, d / self.max_share))
-        return png
+        return img
     def png(self) -> bytes:
         "The curves as PNG bytes, drawn now (e.g. to show with `IPython.display.Image` after a fit)."
+        self.last_png = self._draw('png')
+        return self.last_png
+    def _draw(self, fmt: str) -> bytes:
         if self.rec is None: raise RuntimeError("Nothing to draw yet: the plot reads its Recorder when a fit starts")
         self._update_figure(self._bins.arrays())
-        self.last_png = self._render()
-        return self.last_png
+        return self._render(fmt)
     def _metric_names(self) -> list[str]:
         "The metrics the third panel shows (none: no third panel)."
         m = self.metrics
@@ -224,6 +255,9 @@ class _PlotDrawing:
         if missing: warnings.warn(f"LivePlot: {missing} not among the trainer's metrics {have}: "
                                   "drawn only if the epoch results hold them")
         return names
+    def css_figsize(self) -> tuple:
+        "The figure's size in inches (`figsize`, or 8.6 x 2.9): shown at `dpi` CSS pixels an inch."
+        return tuple(self.figsize or (8.6, 2.9))
     def _beta(self) -> float:
         "The smoothing factor: `beta`, or by default one whose window is about 1/20 of the fit (at most 50 steps)."
         return self.beta if self.beta is not None else auto_beta(getattr(self, '_x_end', None))
@@ -234,11 +268,13 @@ class LivePlot(_PlotDrawing, _PlotCurves, _PlotFigure, MainProcessHook):
     PNG at the end of each fit."""
     order = 30
 
-    def __init__(self, mode: str = 'auto', every: float = 0.5, max_points: int = 500, log_loss: bool = False,
+    def __init__(self, mode: str = 'auto', every: float = 0.5, max_points: int = 500,
+                 log_loss: bool | None = None,   # None: a log axis once the losses span a factor of `LOG_SPAN`
                  path=None, save_every_draw: bool = False, beta: float | None = None, max_share: float = 0.015,
-                 metrics=None,      # a third panel: True for all the trainer's metrics, or a list of names (or metrics)
-                 figsize=None,      # default: (8, 2.8), or (11.5, 2.8) with the metric panel
-                 dpi: int = 72):
+                 metrics=True,      # the metric panel: True for all the trainer's metrics, a list of names, or False
+                 figsize=None,      # in inches; default (8.6, 2.9)
+                 dpi: int = 100,    # CSS pixels per inch: the size the plot shows at
+                 scale: float = 2): # pixels of the PNG per CSS pixel (2: sharp on high-density screens)
         resolve_mode(mode)
         if not 0 < max_share <= 1: raise ValueError(f"max_share must be in (0, 1], got {max_share!r}")
         if max_points < 2: raise ValueError(f"max_points must be >= 2, got {max_points!r}")
@@ -246,14 +282,14 @@ class LivePlot(_PlotDrawing, _PlotCurves, _PlotFigure, MainProcessHook):
             raise TypeError(f"metrics must be None, True or a list of metric names, got {metrics!r}")
         self.mode, self.every, self.max_points, self.log_loss = mode, every, max_points, log_loss
         self.path, self.save_every_draw, self.beta, self.max_share = path, save_every_draw, beta, max_share
-        self.metrics, self.figsize, self.dpi = metrics, figsize, dpi
+        self.metrics, self.figsize, self.dpi, self.scale, self._auto_log = metrics, figsize, dpi, scale, False
         self.fig, self.active, self.last_png, self.rec, self._bins = None, None, None, None, None
         self.view = None
         self.draw_time, self.n_draws, self.setup_time, self.metric_names = 0.0, 0, 0.0, []
 
     def before_fit(self):
         self.active = resolve_mode(self.mode)
-        self.draw_time, self.n_draws, self.setup_time, self.view = 0.0, 0, 0.0, None
+        self.draw_time, self.n_draws, self.setup_time, self.view, self._auto_log = 0.0, 0, 0.0, None, False
         self._next = math.inf
         if self.active == 'off' or (self.active == 'text' and self.path is None): return   # nothing to draw
         try: rec = self.trainer.get_hook(Recorder)
@@ -263,7 +299,9 @@ class LivePlot(_PlotDrawing, _PlotCurves, _PlotFigure, MainProcessHook):
         if rec is not self.rec or self._bins is None or self._bins.max_points != self.max_points:
             self.rec, self._bins = rec, Binned(rec, self.max_points)
         self.metric_names = self._metric_names()
-        if self.active == 'widget': self.view = open_view('liveplot')
+        if self.active == 'widget':
+            w, h = self.css_figsize()
+            self.view = open_view('liveplot', round(w * self.dpi), round(h * self.dpi))
         st, tr = self.trainer.state, self.trainer
         # the last step of this fit, when the dataloader has a length: the x axis spans the fit from the start
         self._x_start, self._x_end = st.step + 1, st.step + (st.epochs - st.epoch) * tr.steps_per_epoch

@@ -7,7 +7,7 @@ from __future__ import annotations
 import html, itertools, math, os, sys, time, warnings
 
 # %% auto #0
-__all__ = ['MODES', 'VIEWS', 'detect_mode', 'resolve_mode', 'display_handle', 'LossTail', 'auto_beta', 'fmt_time',
+__all__ = ['MODES', 'RESULTS_CSS', 'VIEWS', 'detect_mode', 'resolve_mode', 'display_handle', 'LossTail', 'auto_beta', 'fmt_time',
            'results_table', 'results_html', 'send_views_to', 'RemoteView', 'open_view', 'Dashboard', 'Progress']
 
 # %% ../nbs/03_progress.ipynb #74f30a3d
@@ -86,13 +86,26 @@ def results_table(rows: list[dict]):
     cols = list(dict.fromkeys(k for r in rows for k in r))
     return pd.DataFrame([{k: _fmt_val(k, r.get(k)) for k in cols} for r in rows], columns=cols)
 
-def results_html(rows: list[dict]) -> str:
-    "The same table as HTML (written directly: a fraction of a millisecond, where pandas' `to_html` takes a few)."
+_T = 'table.trainer-nb-results'
+RESULTS_CSS = (   # one look wherever the table shows: inside the live widget, in the static record, on a docs page
+    f"<style>{_T}{{border-collapse:collapse;border:none;margin:4px 0;font-size:12px;table-layout:auto;"
+    "font-variant-numeric:tabular-nums}"
+    f"{_T} th,{_T} td{{text-align:right;padding:2px 10px;line-height:1.4;border:none;white-space:nowrap}}"
+    f"{_T} thead{{border-bottom:1px solid var(--jp-border-color1,#bdbdbd)}}"
+    f"{_T} tbody tr:nth-child(odd){{background:var(--jp-rendermime-table-row-background,#f5f5f5)}}"
+    f"{_T} caption{{caption-side:top;text-align:left;font-size:11px;opacity:.75;padding:0 10px 2px}}</style>")
+
+def results_html(rows: list[dict], last: int | None = None) -> str:
+    """The same table as HTML, styled by `RESULTS_CSS` (written directly: a fraction of a millisecond, where pandas'
+    `to_html` takes a few). With `last`, only the last `last` rows, under a caption that says how many there are."""
     cols, esc = list(dict.fromkeys(k for r in rows for k in r)), html.escape
+    shown = rows[-last:] if last is not None and len(rows) > last else rows
+    cap = (f"<caption>the last {len(shown)} of {len(rows)} epochs (all of them at the end)</caption>"
+           if len(shown) < len(rows) else '')
     head = ''.join(f"<th>{esc(str(c))}</th>" for c in cols)
-    body = ''.join('<tr>' + ''.join(f"<td>{esc(_fmt_val(c, r.get(c)))}</td>" for c in cols) + '</tr>' for r in rows)
-    return (f'<table class="dataframe trainer-nb-results"><thead><tr style="text-align: right;">{head}</tr></thead>'
-            f'<tbody>{body}</tbody></table>')
+    body = ''.join('<tr>' + ''.join(f"<td>{esc(_fmt_val(c, r.get(c)))}</td>" for c in cols) + '</tr>' for r in shown)
+    return (f'{RESULTS_CSS}<div style="overflow-x:auto"><table class="dataframe trainer-nb-results">{cap}'
+            f'<thead><tr style="text-align: right;">{head}</tr></thead><tbody>{body}</tbody></table></div>')
 
 # %% ../nbs/03_progress.ipynb #bad0da54
 VIEWS = {}      # a view's name -> its class: the widgets a hook draws into, built in the process that shows them
@@ -123,12 +136,12 @@ def open_view(name: str, *args):
 # %% ../nbs/03_progress.ipynb #0e3a32b3
 class Dashboard:
     "The dashboard's widgets: epoch and batch bars with their texts, the results table; a static record at the end."
-    def __init__(self, n_epochs: int, n_batches: int):
+    def __init__(self, n_epochs: int, n_batches: int, first_epoch: int = 0):   # the bar: epochs first..n_epochs
         import ipywidgets as W
         lab = lambda t: W.HTML(f"<b>{t}</b>", layout=W.Layout(width='4.5em'))
-        bar = lambda m: W.IntProgress(value=0, min=0, max=max(m, 1), layout=W.Layout(width='40%'))
-        self.w_epoch_bar, self.w_epoch_txt = bar(n_epochs), W.HTML()
-        self.w_batch_bar, self.w_batch_txt = bar(n_batches), W.HTML()
+        bar = lambda lo, m: W.IntProgress(value=lo, min=lo, max=max(m, lo + 1), layout=W.Layout(width='40%'))
+        self.w_epoch_bar, self.w_epoch_txt = bar(first_epoch, n_epochs), W.HTML()
+        self.w_batch_bar, self.w_batch_txt = bar(0, n_batches), W.HTML()
         self.w_table = W.HTML()
         self.w_box = W.VBox([W.HBox([lab('epoch'), self.w_epoch_bar, self.w_epoch_txt]),
                              W.HBox([lab('batch'), self.w_batch_bar, self.w_batch_txt]), self.w_table])
@@ -163,7 +176,8 @@ class _ProgressNumbers:
         done_ep = s.epoch - self.first_epoch
         frac = (done_ep + (b / n if n else 0)) / self.n_epochs if self.n_epochs else 1.0
         el_fit = now - self.t_fit
-        return dict(epoch=min(done_ep + 1, self.n_epochs), n_epochs=self.n_epochs, batch=b, n_batches=n,
+        # the trainer's epochs counted from 1, as in `epoch_results` and the history: a second fit goes on from there
+        return dict(epoch=min(s.epoch + 1, s.epochs), n_epochs=s.epochs, batch=b, n_batches=n,
                     rate=rate, elapsed_epoch=el_ep, eta_epoch=(n - b) / rate if n and rate > 0 else float('nan'),
                     elapsed=el_fit, eta=el_fit * (1 - frac) / frac if frac > 0 else float('nan'),
                     loss=self.smooth.value)
@@ -172,7 +186,8 @@ class _ProgressNumbers:
 class _ProgressWidgets:
     "The notebook part of `Progress`: the texts of a snapshot, sent to a `Dashboard` view."
     def _widget_start(self):
-        self.view = open_view('dashboard', self.n_epochs, self.trainer.state.n_batches)
+        s = self.trainer.state
+        self.view = open_view('dashboard', s.epochs, s.n_batches, s.epoch)
 
     def __getattr__(self, name: str):   # the dashboard's widgets, e.g. `progress.w_batch_txt`, when built here
         view = self.__dict__.get('view')
@@ -193,10 +208,10 @@ class _ProgressWidgets:
         ep, bt = self._texts(p, phase)
         batch = min(p['batch'], p['n_batches']) if p['n_batches'] else None
         self.view.update(p['epoch'] - 1 + (1 if table else 0), ep, batch, bt,
-                         self._table_html() if table and self.rows else None)
+                         self._table_html(self.table_rows) if table and self.rows else None)
 
-    def _table_html(self) -> str:
-        return results_html(self.rows)
+    def _table_html(self, last: int | None = None) -> str:
+        return results_html(self.rows, last)
 
     def _final_line(self, p) -> str:
         return (f"epoch {p['epoch']}/{p['n_epochs']}, batch {p['batch']}"
@@ -228,7 +243,7 @@ class _ProgressText:
         from tqdm import tqdm
         self._close_bar()
         s = self.trainer.state
-        self._bar = tqdm(total=s.n_batches or None, desc=f"epoch {s.epoch - self.first_epoch + 1}/{self.n_epochs}",
+        self._bar = tqdm(total=s.n_batches or None, desc=f"epoch {s.epoch + 1}/{s.epochs}",
                          leave=False, mininterval=0, miniters=1, dynamic_ncols=True, file=sys.stderr)
 
     def _text_update(self, p, phase=None):
@@ -260,9 +275,10 @@ class Progress(_ProgressNumbers, _ProgressWidgets, _ProgressText, MainProcessHoo
 
     def __init__(self, mode: str = 'auto', every: float = 0.3,
                  beta: float | None = None,   # loss smoothing; None: `auto_beta` of the fit's batches
-                 file=None):
+                 file=None,
+                 table_rows: int | None = 5):   # epochs the live table shows (the last ones; None: all)
         resolve_mode(mode)   # check it now; decide at each fit
-        self.mode, self.every, self.beta, self.file = mode, every, beta, file
+        self.mode, self.every, self.beta, self.file, self.table_rows = mode, every, beta, file, table_rows
         self.rows, self.n_draws, self.draw_time, self.active, self.view = [], 0, 0.0, None, None
 
     def before_fit(self):
