@@ -177,7 +177,7 @@ def test_nan_skipped_micro_batch_never_leaks_into_the_next_group(make_trainer, b
     x = x.clone(); x[4 * bad_batch + 1] = float('nan')
     t = make_trainer(bs=4, grad_accum=2, opt_func=torch.optim.SGD, lr=0.1, nan_policy='skip')
     t.train_dl = DataLoader(TensorDataset(x, y), batch_size=4)
-    with pytest.warns(UserWarning, match=rf"Skipped batch {bad_batch} of epoch 0"):
+    with pytest.warns(UserWarning, match=rf"Skipped batch {bad_batch + 1} of epoch 1"):
         t.fit(1)
 
     ref = small_model(); opt = torch.optim.SGD(ref.parameters(), lr=0.1)

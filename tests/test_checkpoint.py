@@ -449,7 +449,7 @@ def test_early_stopping(tmp_path):
     es = EarlyStopping('acc', mode='max', patience=2, min_delta=0.1)
     t = make(tmp_path, [Recorder(), es], metrics=[acc])
     t.fit(7)
-    assert isinstance(t.cancelled, CancelFit) and 'best 2 at epoch 1' in str(t.cancelled)
+    assert isinstance(t.cancelled, CancelFit) and 'best 2 at epoch 2' in str(t.cancelled)
     assert t.state.epoch == 3 and len(t.history) == 4 and es.state_dict() == {'best': 2., 'best_epoch': 1, 'wait': 2}
 
 

@@ -111,7 +111,7 @@ def test_nan_loss_raises_naming_iteration():
     with pytest.raises(FloatingPointError) as info:
         t.fit(1)                                          # found at the end of the epoch, after batch 5
     msg = str(info.value)
-    assert msg.startswith("Non-finite loss (nan) in epoch 0, batch 3 (iteration 3).")
+    assert msg.startswith("Non-finite loss (nan) in epoch 1, batch 4 (iteration 3).")
     assert "the weights after that step may already be non-finite" in msg and "nan_policy='skip'" in msg
     assert "th batch" not in msg
     assert calls.log == ['before_fit', 'after_fit'] and not t.fitting
@@ -121,7 +121,7 @@ def test_nan_loss_found_at_mid_epoch_sync():
     "With sync_every=2 the NaN of batch 1 stops training at the sync after it, not at the end of the epoch."
     t = Trainer(small_model(), DataLoader(_nan_ds(bad=5), batch_size=4), loss_func=F.mse_loss,
                 sync_every=2, default_hooks=False)
-    with pytest.raises(FloatingPointError, match=r"in epoch 0, batch 1 \(iteration 1\)"):
+    with pytest.raises(FloatingPointError, match=r"in epoch 1, batch 2 \(iteration 1\)"):
         t.fit(1)
     assert t.state.iteration == 2
 
@@ -130,7 +130,7 @@ def test_nan_loss_iteration_counts_across_fits():
     t = Trainer(small_model(), DataLoader(regression_ds(24), batch_size=4), loss_func=F.mse_loss, default_hooks=False)
     t.fit(1)
     t.train_dl = DataLoader(_nan_ds(), batch_size=4)
-    with pytest.raises(FloatingPointError, match=r"in epoch 1, batch 3 \(iteration 9\)"):
+    with pytest.raises(FloatingPointError, match=r"in epoch 2, batch 4 \(iteration 9\)"):
         t.fit(1)
 
 
@@ -145,21 +145,21 @@ def test_nan_loss_names_its_batch_after_a_shortened_epoch():
     t.fit(1)
     assert t.state.iteration == 2
     t.train_dl = DataLoader(_nan_ds(), batch_size=4)
-    with pytest.raises(FloatingPointError, match=r"in epoch 1, batch 3 \(iteration 5\)"):
+    with pytest.raises(FloatingPointError, match=r"in epoch 2, batch 4 \(iteration 5\)"):
         t.fit(1)
 
 
 def test_nan_skip_policy():
     t = Trainer(small_model(), DataLoader(_nan_ds(), batch_size=4), loss_func=F.mse_loss, nan_policy='skip',
                 opt_func=torch.optim.SGD, lr=0.1, default_hooks=False)
-    with pytest.warns(UserWarning, match=r"Skipped batch 3 of epoch 0 \(iteration 3\): non-finite loss nan"):
+    with pytest.warns(UserWarning, match=r"Skipped batch 4 of epoch 1 \(iteration 3\): non-finite loss nan"):
         t.fit(1)
     assert all(torch.isfinite(p).all() for p in t.model.parameters())
     assert (t.state.step, t.state.iteration, t.state.samples) == (5, 6, 24)
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter('always')
         t.fit(1)
-    assert sum('Skipped batch 3 of epoch 1 (iteration 9)' in str(w.message) for w in caught) == 1
+    assert sum('Skipped batch 4 of epoch 2 (iteration 9)' in str(w.message) for w in caught) == 1
     assert all(torch.isfinite(p).all() for p in t.model.parameters())
 
 

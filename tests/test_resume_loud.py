@@ -134,18 +134,18 @@ def test_model_loss_and_metric_errors_say_where():
     dl, vdl = DataLoader(regression_ds(48), batch_size=8), DataLoader(regression_ds(16, seed=1), batch_size=8)
     t = Trainer(Fails(at=9), dl, loss_func=F.mse_loss, default_hooks=False)
     with pytest.raises(RuntimeError, match='model failed') as e: t.fit(2)
-    assert e.value.__notes__ == ['raised in fit at epoch 1, batch 2 (iteration 8)']
+    assert e.value.__notes__ == ['raised in fit at epoch 2, batch 3 (iteration 8)']
     def loss(p, y):
         if t2.state.iteration == 4: raise ValueError('loss failed')
         return F.mse_loss(p, y)
     t2 = Trainer(small_model(), dl, loss_func=loss, default_hooks=False)
     with pytest.raises(ValueError, match='loss failed') as e: t2.fit(1)
-    assert e.value.__notes__ == ['raised in fit at epoch 0, batch 4 (iteration 4)']
+    assert e.value.__notes__ == ['raised in fit at epoch 1, batch 5 (iteration 4)']
     def bad_metric(p, y): raise ZeroDivisionError('metric failed')
     t3 = Trainer(small_model(), dl, vdl, loss_func=F.mse_loss, metrics=[bad_metric], default_hooks=False)
     with pytest.raises(ZeroDivisionError) as e: t3.fit(1)
     assert "raised by metric 'bad_metric'" in e.value.__notes__[0]
-    assert e.value.__notes__[-1] == 'raised in fit while validating after epoch 0'
+    assert e.value.__notes__[-1] == 'raised in fit while validating after epoch 1'
 
 
 def test_dict_batches_with_model_loss_are_not_warned_about():

@@ -883,7 +883,8 @@ def _epoch_end_checkpoint(t, epoch: int) -> Path | None:
 
 class EarlyStopping(Hook):
     """Stop the fit when `monitor` has not improved by more than `min_delta` for `patience` epochs; `restore_best`: end
-    every fit with the weights of the best epoch."""
+    every fit with the weights of the best epoch. `best_epoch` is that epoch's `state.epoch` (counted from 0, as the loop
+    counts); its messages, like the history, count epochs from 1."""
     order = 82   # after MetricsLog (the last epoch is logged), before Checkpoint (which saves its state; when this
                 # stops the fit, Checkpoint saves the finished epoch in after_cancel, marked as where the fit stopped)
 
@@ -919,7 +920,7 @@ class EarlyStopping(Hook):
             stop = bool(broadcast(torch.tensor([float(stop)], device=acc.device), from_process=0).item())
         if stop:
             raise CancelFit(f"Early stopping: {self.monitor} has not improved by more than {self.min_delta} for "
-                            f"{self.wait} epochs (best {self.best:.6g} at epoch {self.best_epoch})")
+                            f"{self.wait} epochs (best {self.best:.6g} at epoch {self.best_epoch + 1})")
 
     def after_fit(self):
         t = self.trainer
@@ -930,7 +931,7 @@ class EarlyStopping(Hook):
             return
         path = _epoch_end_checkpoint(t, self.best_epoch)   # a resumed fit: the best epoch was before the restart
         if path is not None: load_weights(t, path)
-        else: warnings.warn(f"EarlyStopping(restore_best=True): the weights of the best epoch ({self.best_epoch}) "
+        else: warnings.warn(f"EarlyStopping(restore_best=True): the weights of the best epoch ({self.best_epoch + 1}) "
                             "are neither in memory (it came before a resume) nor in a checkpoint (rotated away?): "
                             "the model keeps its last weights. A Checkpoint monitoring the same metric keeps them")
 

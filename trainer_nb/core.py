@@ -728,13 +728,13 @@ def _skip_non_finite(t, loss):
     if acc.num_processes > 1: bad = acc.reduce(bad.float(), 'sum') > 0
     if bad:
         v = d.item()
-        warnings.warn(f"Skipped batch {s.batch} of epoch {s.epoch} (iteration {s.iteration}): " + (
+        warnings.warn(f"Skipped batch {s.batch + 1} of epoch {s.epoch + 1} (iteration {s.iteration}): " + (
             f"non-finite loss {v}" if not math.isfinite(v) else "non-finite loss on another process"))
         raise CancelBatch()
 
 def _non_finite_error(t, bad: int) -> FloatingPointError:
     s, first = t.state, t._epoch_first
-    where = f"epoch {s.epoch}, batch {bad - first}" if bad >= first else "an earlier epoch"
+    where = f"epoch {s.epoch + 1}, batch {bad - first + 1}" if bad >= first else "an earlier epoch"
     return FloatingPointError(
         f"Non-finite loss ({t.losses.slice(bad, bad + 1).item()}) in {where} (iteration {bad}). Losses are "
         f"checked when they reach the host (every sync_every={t.sync_every} batches and at the end of each "
@@ -847,10 +847,10 @@ def _epoch_batches(t, dl, start):
 def _where(t) -> str:
     "Where the loop is, for an error's note."
     s, phase = t.state, t.phase
-    if phase == 'train': return f"raised in fit at epoch {s.epoch}, batch {s.batch} (iteration {s.iteration})"
-    if phase == 'valid': return f"raised in fit while validating after epoch {s.epoch}"
-    if phase == 'valid_step': return f"raised in fit while validating at step {s.step} (epoch {s.epoch})"
-    if phase == 'epoch': return f"raised in fit at the end of epoch {s.epoch}"
+    if phase == 'train': return f"raised in fit at epoch {s.epoch + 1}, batch {s.batch + 1} (iteration {s.iteration})"
+    if phase == 'valid': return f"raised in fit while validating after epoch {s.epoch + 1}"
+    if phase == 'valid_step': return f"raised in fit while validating at step {s.step} (epoch {s.epoch + 1})"
+    if phase == 'epoch': return f"raised in fit at the end of epoch {s.epoch + 1}"
     return "raised in fit before its first epoch"
 
 def _explain(t, e: BaseException):
