@@ -505,9 +505,10 @@ class Trainer:
                        max_steps, eval_every)
 
     def lr_find(self, start_lr: float = 1e-7, end_lr: float = 10, num_it: int = 100, beta: float = 0.98,
-                div: float = 4., show: bool = True, suggest_funcs=None):
-        "Sweep the LR and suggest one, leaving the trainer as it was: an `LRFindResult` (see `trainer_nb.lr_find`)."
-        return lr_find(self, start_lr, end_lr, num_it, beta, div, show, suggest_funcs)
+                div: float = 4., show: bool = True, suggest_funcs=None, check: int = 40):
+        """Sweep the LR and suggest one, then check a few candidates for `check` steps each (0: no check), leaving the
+        trainer as it was: an `LRFindResult` (see `trainer_nb.lr_find`)."""
+        return lr_find(self, start_lr, end_lr, num_it, beta, div, show, suggest_funcs, check)
 
     def split(self, *groups):
         "One optimizer parameter group per argument (body first, head last); see `trainer_nb.workflow`."
