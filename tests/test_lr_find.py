@@ -789,7 +789,7 @@ def test_the_check_trains_candidates_from_one_state_and_keeps_the_best():
     assert res.default == 'checked' and res.reliable and res.apply() == res.checked == t.lr
     assert best / 10 ** 0.25 <= res.checked <= best * 10 ** 0.25
     assert res.checked > res.fallback         # the fallback's safe guess trains too slowly here
-    assert 'trained best at' in res.verdict and res.verdict in res.summary()
+    assert 'picked' in res.verdict and res.verdict in res.summary()
 
 
 def test_the_check_pick_trains_as_well_as_a_grid():

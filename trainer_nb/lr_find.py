@@ -300,6 +300,7 @@ def _level_lr(xs, ys, level: float) -> float:
     f = (ys[i - 1] - level) / (ys[i - 1] - ys[i]) if math.isfinite(ys[i - 1]) else 1.0
     return xs[i - 1] + f * (xs[i] - xs[i - 1])
 
+# %% ../nbs/05_lr_find.ipynb #1215a3ba
 def _check(trainer, res, ratios, steps: int, bar=None) -> tuple[dict, float | None]:
     "`({candidate lr: score}, pick or None)`: train each candidate for `steps` steps from the same state; see above."
     r = res.reading
@@ -430,26 +431,8 @@ class LRFindResult(_ResultPlot):
 
     @property
     def verdict(self) -> str:
-        "One line: is the curve to be trusted, and why (or why not)."
-        r = self.reading
-        checked = ''
-        if self.check:
-            best = min(self.check.values())
-            checked = (f"a check of {len(self.check)} LRs from {min(self.check):.1e} to {max(self.check):.1e} " +
-                       (f"trained best at {self.checked:.2e} (the default)." if self.checked is not None else
-                        f"brought the loss no lower than {best:.4g}, not clearly below where it started: check that "
-                        "the model can learn at all (its output, the loss function, the labels)."))
-        if not self.reliable:
-            out = f"No reliable suggestion: {self.reason}." + (" And " + checked if checked else "")
-            if self.fallback is None: return out
-            return out + (f" The default is the fallback {self.fallback:.2e}: a tenth of the largest LR before the "
-                          "loss rises.")
-        if r is None: return ''
-        if not r.reliable:
-            return f"Reliable by the check: {checked[0].upper()}{checked[1:]} The curve alone is not: {r.reason}."
-        return (f"Reliable: the smoothed loss falls from {r.losses[r.top]:.4g} to {r.losses[r.bottom]:.4g} between "
-                f"{r.lrs[r.top]:.1e} and {r.lrs[r.bottom]:.1e} ({r.z:.0f}x its noise)."
-                + (" Then " + checked if checked else ""))
+        "One line: is the curve to be trusted, and why (or why not); what the check found."
+        return _verdict(self)
 
     def summary(self) -> str:
         "The suggestions as a few lines of text, with the verdict on the curve."
@@ -470,6 +453,30 @@ class LRFindResult(_ResultPlot):
         "The interactive widget (made once): plot, LR slider, and a button that applies the chosen LR."
         if self._widget is None: self._widget = LRFindWidget(self)
         return self._widget
+
+# %% ../nbs/05_lr_find.ipynb #5e9ffe25
+def _verdict(self: LRFindResult) -> str:
+    "`LRFindResult.verdict`: the curve's verdict, and what the check found."
+    r = self.reading
+    checked = ''
+    if self.check:
+        best = min(self.check.values())
+        checked = (f"a check of {len(self.check)} LRs from {min(self.check):.1e} to {max(self.check):.1e} " +
+                   (f"picked {self.checked:.2e} (the default), the smallest LR that gets {CHECK_LEVEL:.0%} of the way "
+                    "to the best trial." if self.checked is not None else
+                    f"brought the loss no lower than {best:.4g}, not clearly below where it started: check that "
+                    "the model can learn at all (its output, the loss function, the labels)."))
+    if not self.reliable:
+        out = f"No reliable suggestion: {self.reason}." + (" And " + checked if checked else "")
+        if self.fallback is None: return out
+        return out + (f" The default is the fallback {self.fallback:.2e}: a tenth of the largest LR before the "
+                      "loss rises.")
+    if r is None: return ''
+    if not r.reliable:
+        return f"Reliable by the check: {checked[0].upper()}{checked[1:]} The curve alone is not: {r.reason}."
+    return (f"Reliable: the smoothed loss falls from {r.losses[r.top]:.4g} to {r.losses[r.bottom]:.4g} between "
+            f"{r.lrs[r.top]:.1e} and {r.lrs[r.bottom]:.1e} ({r.z:.0f}x its noise)."
+            + (" Then " + checked if checked else ""))
 
 # %% ../nbs/05_lr_find.ipynb #a013cdbb
 def _png(fig) -> bytes:
@@ -541,19 +548,7 @@ class LRFindWidget:
         data['text/plain'] = self.result.summary()
         return data
 
-# %% ../nbs/05_lr_find.ipynb #c4603f98
-def _in_notebook() -> bool:
-    ip = sys.modules.get('IPython')
-    ip = ip.get_ipython() if ip is not None else None
-    return ip is not None and 'IPKernelApp' in getattr(ip, 'config', {})
-
-def _read_into(res: LRFindResult, methods):
-    "Fill `res`'s reading, suggestions, verdict and fallback from its raw losses (your own rules read `res.losses`)."
-    r = read_sweep(res.lrs, res.raw_losses)
-    if isinstance(methods, dict): sugg, fallback = suggest(res.lrs, res.losses, methods), None   # yours: no fallback
-    else: sugg, fallback = suggest_sweep(r, methods)
-    res.suggestions, res.reading, res.reliable, res.reason, res.fallback = sugg, r, r.reliable, r.reason, fallback
-
+# %% ../nbs/05_lr_find.ipynb #defc04e8
 def _why_short(res: LRFindResult, div: float) -> str:
     "What stopped a sweep before `MIN_POINTS` usable steps, in what was seen, and what to change."
     n, why, raw = len(res.raw_losses), res.stop_reason, [v for v in res.raw_losses if math.isfinite(v)]
@@ -569,6 +564,19 @@ def _why_short(res: LRFindResult, div: float) -> str:
                        f"Raise div (now {div:g}) so that the sweep goes on; lower start_lr only if the loss really "
                        "grows at these LRs.")
     return head + " Raise num_it."
+
+# %% ../nbs/05_lr_find.ipynb #c4603f98
+def _in_notebook() -> bool:
+    ip = sys.modules.get('IPython')
+    ip = ip.get_ipython() if ip is not None else None
+    return ip is not None and 'IPKernelApp' in getattr(ip, 'config', {})
+
+def _read_into(res: LRFindResult, methods):
+    "Fill `res`'s reading, suggestions, verdict and fallback from its raw losses (your own rules read `res.losses`)."
+    r = read_sweep(res.lrs, res.raw_losses)
+    if isinstance(methods, dict): sugg, fallback = suggest(res.lrs, res.losses, methods), None   # yours: no fallback
+    else: sugg, fallback = suggest_sweep(r, methods)
+    res.suggestions, res.reading, res.reliable, res.reason, res.fallback = sugg, r, r.reliable, r.reason, fallback
 
 def lr_find(trainer, start_lr: float = 1e-7, end_lr: float = 10, num_it: int = 100, beta: float = 0.98,
             div: float = 4., show: bool = True, suggest_funcs=None, check: int = CHECK_STEPS) -> LRFindResult:
