@@ -152,7 +152,10 @@ def test_scheduler_is_off_during_the_sweep_and_restored():
     s0, sd0 = t.scheduler, t.scheduler.state_dict()
     noting = note_step_lrs(t, seen)
     res = t.lr_find(show=False, num_it=20)
-    assert seen == res.lrs                                   # the finder's LRs, not the one-cycle's
+    n = len(res.lrs)
+    assert seen[:n] == res.lrs                               # the finder's LRs, not the one-cycle's
+    assert len(seen) == n + 40 * len(res.check)              # then the check's trials, also at their own LRs
+    assert [max(seen[n + 40 * i:n + 40 * (i + 1)]) for i in range(len(res.check))] == pytest.approx(list(res.check))
     assert t.scheduler is s0 and t.scheduler.state_dict() == sd0
     noting.remove()
     t.fit(1)
@@ -263,9 +266,9 @@ def test_param_groups_keep_their_ratio():
     t = make(opt_func=two_groups)
     note_step_lrs(t, seen, groups=True)
     res = t.lr_find(show=False, num_it=20)
-    assert len(seen) == len(res.lrs)
-    assert all(math.isclose(a / b, 10) for a, b in seen)
-    assert [a for a, _ in seen] == pytest.approx(res.lrs)
+    assert len(seen) == len(res.lrs) + 40 * len(res.check)          # the sweep, then the check's trials
+    assert all(math.isclose(a / b, 10) for a, b in seen)            # both keep the groups' ratio
+    assert [a for a, _ in seen[:len(res.lrs)]] == pytest.approx(res.lrs)
     assert [g['lr'] for g in t.opt.param_groups] == [1e-2, 1e-3]
     res.apply(4e-3)
     assert t.lr == 4e-3 and [g['lr'] for g in t.opt.param_groups] == pytest.approx([4e-3, 4e-4])
@@ -296,7 +299,7 @@ CURVE = 2.3 - 2.0 / (1 + np.exp(-2.5 * (X + 3))) + np.exp(2.0 * (X - 0.3))   # d
 def test_suggestions_on_a_synthetic_curve():
     s = suggest(LRS, CURVE)
     assert list(s) == ['valley', 'steep', 'minimum', 'slide']
-    assert 10 ** -3.4 < s['valley'] < 10 ** -2.6
+    assert 10 ** -2.5 < s['valley'] < 10 ** -2.0   # the end of the descent: 80% to 95% of the drop
     assert 10 ** -3.2 < s['steep'] < 10 ** -2.8
     assert math.isclose(s['minimum'], LRS[np.argmin(CURVE)] / 10)
     assert s['minimum'] <= s['slide'] < LRS[np.argmin(CURVE)]
@@ -306,8 +309,8 @@ def test_valley_follows_the_descent_and_ignores_noise():
     for centre in (-5, -3, -1.5):
         y = 2.3 - 2.0 / (1 + np.exp(-2.5 * (X - centre))) + np.exp(2.0 * (X - centre - 3))
         noisy = y + np.random.default_rng(0).normal(0, 0.01, len(y))
-        for curve in (y, noisy):
-            assert abs(math.log10(suggest_valley(LRS, curve)) - centre) < 0.4
+        for curve in (y, noisy):   # 80% of the drop is done 0.55 decade above the centre, 95% 1.18 above
+            assert 0.55 < math.log10(suggest_valley(LRS, curve)) - centre < 1.18
 
 
 def test_nan_tail_is_dropped():
@@ -762,8 +765,8 @@ def huber_trainer(seed=0):
     "A 256-sample regression with heavy-tailed noise, a Huber loss, batch 8: one sweep's curve is too noisy to read."
     g = torch.Generator().manual_seed(seed)
     x = torch.randn(256, 5, generator=g)
+    torch.manual_seed(seed)   # the noise draws from the global generator
     y = torch.tanh(x[:, :1] + x[:, 1:2]) + 0.3 * torch.distributions.StudentT(2.0).sample((256, 1))
-    torch.manual_seed(seed)
     model = nn.Sequential(nn.Linear(5, 32), nn.ReLU(), nn.Linear(32, 1))
     return Trainer(model, DataLoader(TensorDataset(x, y), batch_size=8, shuffle=True), loss_func=F.huber_loss,
                    default_hooks=False, cpu=True)
@@ -811,6 +814,7 @@ def test_the_check_pick_trains_as_well_as_a_grid():
 def huber_valid():
     g = torch.Generator().manual_seed(7)
     x = torch.randn(512, 5, generator=g)
+    torch.manual_seed(7)
     return TensorDataset(x, torch.tanh(x[:, :1] + x[:, 1:2]) + 0.3 * torch.distributions.StudentT(2.0).sample((512, 1)))
 
 
