@@ -773,8 +773,8 @@ def huber_trainer(seed=0):
 
 
 def test_the_check_trains_candidates_from_one_state_and_keeps_the_best():
-    """The candidates lie on the half-decade grid around the valley, each scored by the same batches; the pick is the best
-    one, moved towards its better neighbour by half a step at most; the trainer is left exactly as it was."""
+    """The candidates lie on the half-decade grid around the valley, each scored by the same batches; the pick lies
+    between the smallest candidate and the best one; the trainer is left exactly as it was."""
     t = huber_trainer(); seed_all()
     w0 = weights(t)
     seen = []
@@ -790,8 +790,7 @@ def test_the_check_trains_candidates_from_one_state_and_keeps_the_best():
     assert [max(tr) for tr in trials] == pytest.approx(list(res.check))                 # each peaks at its LR
     best = min(res.check, key=res.check.get)
     assert res.default == 'checked' and res.reliable and res.apply() == res.checked == t.lr
-    assert best / 10 ** 0.25 <= res.checked <= best * 10 ** 0.25
-    assert res.checked > res.fallback         # the fallback's safe guess trains too slowly here
+    assert min(res.check) <= res.checked <= best
     assert 'picked' in res.verdict and res.verdict in res.summary()
 
 
@@ -833,18 +832,18 @@ def test_random_labels_nothing_trains_and_the_message_says_so():
     torch.manual_seed(0)
     t = Trainer(nn.Linear(10, 2), DataLoader(TensorDataset(x, y), batch_size=32, shuffle=True),
                 loss_func=F.cross_entropy, default_hooks=False, cpu=True)
-    with pytest.warns(LRFindWarning, match='check that the model can learn at all'):
+    with pytest.warns(LRFindWarning, match='saw an LR that trains. Check that the model can learn at all'):
         res = t.lr_find(show=False)
     assert not res.reliable and res.default == 'fallback' and res.checked is None and len(res.check) >= 4
     assert 'no sustained descent' in res.reason and 'learn' not in res.reason   # the curve's part blames nobody
 
 
 def test_a_noisy_curve_whose_loss_falls_does_not_blame_the_model():
-    "The Huber problem with a short sweep: the curve alone is not reliable, the check shows the loss falls."
+    "The Huber problem: the curve alone is not reliable (too noisy), the check shows that the loss falls."
     t = huber_trainer(); seed_all()
     with warnings.catch_warnings():
         warnings.simplefilter('error', LRFindWarning)          # the default is backed by the check: no warning
-        res = t.lr_find(show=False, num_it=30)
+        res = t.lr_find(show=False)
     assert not res.reading.reliable and res.reliable and res.default == 'checked'
     assert res.verdict.startswith('Reliable by the check') and 'learn at all' not in res.verdict
 

@@ -283,9 +283,11 @@ def _base(raw, steps: int, m: int) -> np.ndarray:
 def _fell(base, tail) -> bool:
     """Did a trial lower the loss clearly? Its last losses `tail` against the sweep's on the same batches (`base`: the
     sweep starts from the same state, so its step `j` sees the trial's batch `j`, at an LR too small to matter yet): the
-    mean paired difference must exceed 3 standard errors. Against a sweep shorter than the trial, the comparison is
-    with its first points, each side with its own noise."""
+    mean paired difference must exceed 3 standard errors (of log(loss) when every loss is > 0: a batch's loss scatters
+    in proportion to its level, and a few huge ones must not hide a clear fall). Against a sweep shorter than the trial,
+    the comparison is with its first points, each side with its own noise."""
     m, base, tail = len(tail), np.asarray(base, float), np.asarray(tail, float)
+    if len(base) and (base > 0).all() and (tail > 0).all(): base, tail = np.log(base), np.log(tail)
     if len(base) == m and m > 1:
         d = base - tail
         return bool(d.mean() > 0 and d.mean() > 3 * d.std(ddof=1) / math.sqrt(m))
@@ -336,6 +338,7 @@ def _check(trainer, res, ratios, steps: int, bar=None) -> tuple[dict, float | No
     ys = [scores[k] for k in ks]
     i = int(np.argmin(ys))
     found = math.isfinite(ys[i]) and _fell(base, tails[ks[i]])
+    res.check_start = start
     pick = 10 ** _level_lr([k * CHECK_GRID for k in ks], ys, level()) if found else None
     return {10 ** (k * CHECK_GRID): v for k, v in scores.items()}, pick
 
@@ -395,6 +398,7 @@ class LRFindResult(_ResultPlot):
     reading: SweepReading | None = None  # the curve the rules read (see `read_sweep`)
     check: dict = field(default_factory=dict)  # the check: {candidate LR: its score (mean loss of its last steps)}
     checked: float | None = None        # the check's pick: the default when there is one (see "The check")
+    check_start: float | None = None    # the check's score of the model before training (what the trials start from)
     _widget: object = field(default=None, init=False)
 
     @property
@@ -464,8 +468,10 @@ def _verdict(self: LRFindResult) -> str:
         checked = (f"a check of {len(self.check)} LRs from {min(self.check):.1e} to {max(self.check):.1e} " +
                    (f"picked {self.checked:.2e} (the default), the smallest LR that gets {CHECK_LEVEL:.0%} of the way "
                     "to the best trial." if self.checked is not None else
-                    f"brought the loss no lower than {best:.4g}, not clearly below where it started: check that "
-                    "the model can learn at all (its output, the loss function, the labels)."))
+                    f"took the loss from {self.check_start:.4g} to {best:.4g} at best, no clearer than the scatter "
+                    "between batches: neither the sweep nor the check saw an LR that trains. Check that the model "
+                    "can learn at all (its output, the loss function, the labels), or with a very noisy loss raise "
+                    "the batch size."))
     if not self.reliable:
         out = f"No reliable suggestion: {self.reason}." + (" And " + checked if checked else "")
         if self.fallback is None: return out
