@@ -1,5 +1,5 @@
-"""How good is lr_find's default pick? Train with it, and with a grid of LRs, and compare validation losses; and the same
-for fastai's lr_find valley, on the same problems, where fastai is importable.
+"""How good is lr_find's default pick? Train with it, and with a grid of LRs, and compare validation losses; the same
+for fastai's lr_find valley rule (reimplemented here, on the same sweep: fastai itself is not needed).
 
 Problems (all data made here or bundled with scikit-learn, no download; a fixed train/valid split each):
   CNN, MLP   scikit-learn's digits (8x8 images, pixels / 16), a small CNN and an MLP, batch 64
@@ -9,28 +9,34 @@ Problems (all data made here or bundled with scikit-learn, no download; a fixed 
   batchnorm  an MLP with BatchNorm on two interleaved moons with noise features, batch 32
   gru        a GRU reading 20 symbols of 4 kinds and telling which of two kinds is more frequent, batch 32
   batch8     a small MLP on a 4-class tabular problem, batch 8
-One sweep (seed 0, lr_find's defaults) gives the default pick (`result.apply()`'s LR: the valley, or the fallback when
-the sweep is not reliable). Each LR (the pick, each LR of a 10-point log grid from 1e-4 to 1, fastai's valley) is scored
-the same way: train for the problem's few epochs with a one-cycle schedule peaking at that LR, once per seed in SEEDS
-(the seed sets the initial weights, the shuffling and dropout; the same seeds for every LR), and take the mean of the
-final validation losses (inf if a run diverged). Per problem:
-    NAME: suggestion loss L, best grid loss G, ratio R        (R = L / G, lower is better)
-    NAME: fastai ratio F                                       (fastai's valley scored the same way, / G)
-with details on indented lines (the sweep, the grid, every suggestion, the seed-to-seed spread: the ratios are only as
-precise as that). For the digits models also the sweep's time as a fraction of one training epoch (training only; each
-the fastest of REPEATS runs, on one thread).
+and, held out (written before the default pick was designed, not run while it was; reported apart):
+  huber8     a 256-sample regression with heavy-tailed noise, a Huber loss, batch 8
+  padgru     a GRU over padded sequences of 4 to 40 symbols, packed by length (`pack_padded_sequence`), batch 32
+  finetune   a fine-tune: a body trained here on digits 0-4, a new head for digits 5-9 (300 samples, batch 16); three
+             parameter groups: the first layer frozen, the second at a tenth of the head's LR
+  dropout    an MLP with two dropout layers of 0.5 on a 5-class mixture, batch 32
 
-    .venv/bin/python bench/lr_find_quality.py               # ours only
-    .venv-fastai/bin/python bench/lr_find_quality.py        # ours and fastai's side by side
+One lr_find (weights seed 0, lr_find's defaults, the trainer with its validation loader as a user's would have)
+gives the default pick (`result.apply()`'s LR). Each LR (the pick, each LR of a 10-point log grid from 1e-4 to 1, the
+valley of fastai's rule) is scored the same way: train for the problem's few epochs with a one-cycle schedule peaking
+at that LR, once per seed in SEEDS (the seed sets the initial weights, the shuffling and dropout; the same seeds for
+every LR), and take the mean of the final validation losses (inf if a run diverged). Per problem:
+    NAME: pick P loss L, best grid loss G, ratio R; fastai valley V ratio F; spread S
+R = L / G and F (fastai's rule scored the same way, / G): lower is better. S: the largest over the smallest default
+pick of four lr_finds that differ only in the seed of the sweep's batches (0, 1, 2) or in the thread count (1, 2).
+Details on indented lines: the sweep, the check's candidates and scores, the grid, every suggestion, the seed-to-seed
+spread of the losses (the ratios are only as precise as that), and the cost of lr_find (sweep and check) in
+optimizer steps as a fraction of one epoch, and in time against one training epoch. The table at the end has it all.
 
-fastai's fastcore conflicts with nbdev 2's pins, so fastai lives in a second virtual environment (git-ignored), with
-the same CPU torch and trainer_nb; fastai's lr_find needs neither torchvision nor spacy, so they are left out:
-    python3 -m venv .venv-fastai && .venv-fastai/bin/pip install torch==2.13.0 -e . scikit-learn fastcore \
-        fasttransform fastprogress fastdownload plum-dispatch scipy pyyaml pillow cloudpickle requests packaging
-    .venv-fastai/bin/pip install --no-deps fastai
+fastai's rule: on the sweep's smoothed losses (fastai's sweep is the same: 1e-7 to 10 in 100 steps, a debiased EMA
+with beta 0.98, a stop at 4x the best), without the first tenth and the last 5 points, the longest decreasing
+subsequence, and the point a third plus a sixth of the way along it (`valley_fastai_rule`).
+
+    .venv/bin/python bench/lr_find_quality.py                        # everything (about 15 minutes on 2 quiet cores)
+    .venv/bin/python bench/lr_find_quality.py --jobs 2               # two problems at a time
+    .venv/bin/python bench/lr_find_quality.py --quick --problems batch8,huber8   # one seed, no stability sweeps
 """
-import importlib.util, math, sys, tempfile, time, warnings
-from functools import partial
+import argparse, contextlib, math, multiprocessing, sys, time, warnings
 
 import numpy as np
 import torch
@@ -40,12 +46,12 @@ from torch.utils.data import DataLoader, TensorDataset
 from sklearn.datasets import load_digits, make_moons
 
 from trainer_nb.core import Trainer
+from trainer_nb.lr_find import CHECK_STEPS
 
 SEEDS = (0, 1, 2)
-THREADS = 2   # for training
+THREADS = 1   # for training (and the sweeps; the stability check also sweeps on 2)
 REPEATS = 3   # timings: the fastest of this many runs (the machine may be busy with other work)
 GRID = np.logspace(-4, 0, 10)
-HAS_FASTAI = importlib.util.find_spec('fastai') is not None
 
 
 def split(X, y, n_train, seed=42):
@@ -119,7 +125,82 @@ class GRUNet(nn.Module):
     def forward(self, x): return self.head(self.rnn(x)[0][:, -1])
 
 
-# name: (data, model, loss, batch size, epochs)
+class PaddedGRU(nn.Module):
+    "Symbols embedded, a GRU over the padded batch packed by length, the last real step's state to a head."
+    def __init__(self):
+        super().__init__()
+        self.emb, self.rnn, self.head = nn.Embedding(5, 16, padding_idx=0), nn.GRU(16, 32, batch_first=True), nn.Linear(32, 2)
+    def forward(self, x, lengths):
+        packed = nn.utils.rnn.pack_padded_sequence(self.emb(x), lengths.cpu(), batch_first=True, enforce_sorted=False)
+        return self.head(self.rnn(packed)[1][-1])
+
+
+def padded():
+    "Sequences of 4 symbols (1..4), 4 to 40 long, padded with 0; the label: more 1s than 2s."
+    g = torch.Generator().manual_seed(17)
+    n, L = 1200, 40
+    lengths = torch.randint(4, L + 1, (n,), generator=g)
+    s = torch.randint(1, 5, (n, L), generator=g) * (torch.arange(L) < lengths[:, None])
+    y = ((s == 1).sum(1) > (s == 2).sum(1)).long()
+    perm = torch.randperm(n, generator=torch.Generator().manual_seed(42))
+    tr, va = perm[:900], perm[900:]
+    return TensorDataset(s[tr], lengths[tr], y[tr]), TensorDataset(s[va], lengths[va], y[va])
+
+
+def huber():
+    "A 256-sample regression with heavy-tailed noise (Student t, 2 degrees of freedom), for a Huber loss at batch 8."
+    g = torch.Generator().manual_seed(18)
+    X = torch.randn(512, 5, generator=g)
+    noise = torch.distributions.StudentT(2.0).sample((512, 1)) * 0.3
+    y = torch.tanh(X[:, :1] + X[:, 1:2]) + 0.5 * X[:, 2:3] * X[:, 3:4] + noise
+    return split(X, y, 256)
+
+
+class FineTune(nn.Module):
+    "A body trained on another task (digits 0-4), a new head for digits 5-9."
+    def __init__(self):
+        super().__init__()
+        self.body1 = nn.Sequential(nn.Flatten(), nn.Linear(64, 128), nn.ReLU())
+        self.body2 = nn.Sequential(nn.Linear(128, 64), nn.ReLU())
+        self.head = nn.Linear(64, 5)
+        self.body1.load_state_dict(PRETRAINED['body1'])
+        self.body2.load_state_dict(PRETRAINED['body2'])
+    def forward(self, x): return self.head(self.body2(self.body1(x)))
+
+
+PRETRAINED = {}
+
+
+def finetune_data():
+    "Digits 5-9 (a few hundred, relabelled 0-4); the body is pretrained here, once, on digits 0-4."
+    X, y = load_digits(return_X_y=True)
+    X, y = torch.tensor(X / 16, dtype=torch.float32).reshape(-1, 1, 8, 8), torch.tensor(y)
+    if not PRETRAINED:
+        torch.manual_seed(99)
+        src = nn.Sequential(nn.Flatten(), nn.Linear(64, 128), nn.ReLU(), nn.Linear(128, 64), nn.ReLU(), nn.Linear(64, 5))
+        dl = DataLoader(TensorDataset(X[y < 5], y[y < 5]), batch_size=32, shuffle=True,
+                        generator=torch.Generator().manual_seed(99))
+        Trainer(src, dl, loss_func=F.cross_entropy, lr=2e-3, default_hooks=False, cpu=True).fit_one_cycle(3)
+        PRETRAINED['body1'] = nn.Sequential(*src[:3]).state_dict()
+        PRETRAINED['body2'] = nn.Sequential(*src[3:5]).state_dict()
+    m = y >= 5
+    return split(X[m], y[m] - 5, 300)
+
+
+def finetune_setup(t):
+    "Three groups: the first layer frozen, the second at a tenth of the head's LR."
+    t.split('body1', 'body2', 'head')
+    t.freeze(0)
+
+
+def dropout_data():
+    g = torch.Generator().manual_seed(19)
+    centres = 1.5 * torch.randn(5, 20, generator=g)
+    k = torch.randint(0, 5, (900,), generator=g)
+    return split(centres[k] + 1.5 * torch.randn(900, 20, generator=g), k, 600)
+
+
+# name: (data, model, loss, batch size, epochs, setup, LR ratios of the parameter groups)
 PROBLEMS = {
     'CNN': (digits, cnn, F.cross_entropy, 64, 5),
     'MLP': (digits, mlp, F.cross_entropy, 64, 5),
@@ -131,7 +212,14 @@ PROBLEMS = {
                                                nn.BatchNorm1d(64), nn.ReLU(), nn.Linear(64, 2)), F.cross_entropy, 32, 5),
     'gru': (symbols, GRUNet, F.cross_entropy, 32, 5),
     'batch8': (tabular4, lambda: nn.Sequential(nn.Linear(12, 32), nn.ReLU(), nn.Linear(32, 4)), F.cross_entropy, 8, 3),
+    # held out: written before the default pick was designed, and not looked at while it was
+    'huber8': (huber, lambda: nn.Sequential(nn.Linear(5, 32), nn.ReLU(), nn.Linear(32, 1)), F.huber_loss, 8, 4),
+    'padgru': (padded, PaddedGRU, F.cross_entropy, 32, 5),
+    'finetune': (finetune_data, FineTune, F.cross_entropy, 16, 4, finetune_setup, (0.1, 0.1, 1.0)),
+    'dropout': (dropout_data, lambda: nn.Sequential(nn.Linear(20, 128), nn.ReLU(), nn.Dropout(0.5), nn.Linear(128, 128),
+                                                    nn.ReLU(), nn.Dropout(0.5), nn.Linear(128, 5)), F.cross_entropy, 32, 5),
 }
+HELD_OUT = ('huber8', 'padgru', 'finetune', 'dropout')
 
 
 def loaders(train_ds, valid_ds, bs, seed):
@@ -139,30 +227,35 @@ def loaders(train_ds, valid_ds, bs, seed):
     return dl, None if valid_ds is None else DataLoader(valid_ds, batch_size=256)
 
 
-def trainer(p, lr, seed, valid=True):
-    "A fresh trainer: weights, shuffling and dropout from `seed`; no validation when `valid` is False."
-    (train_ds, valid_ds), make, loss, bs, _ = p
+def trainer(p, lr, seed, valid=True, batch_seed=None):
+    """A fresh trainer: weights, shuffling and dropout from `seed` (the shuffling from `batch_seed` when given); no
+    validation when `valid` is False; the problem's parameter groups, each at its ratio of `lr`."""
+    (train_ds, valid_ds), make, loss, bs = p[:4]
     torch.manual_seed(seed)
     model = make()
-    return Trainer(model, *loaders(train_ds, valid_ds if valid else None, bs, seed), loss_func=loss, lr=lr,
-                   default_hooks=False, cpu=True)
+    dl, vdl = loaders(train_ds, valid_ds if valid else None, bs, seed if batch_seed is None else batch_seed)
+    t = Trainer(model, dl, vdl, loss_func=loss, lr=lr, default_hooks=False, cpu=True)
+    if len(p) > 5:
+        p[5](t)
+        t.lr = [lr * r for r in p[6]]
+    return t
 
 
 def train(p, lr, seed):
     "Validation loss after the problem's epochs of one-cycle at max LR `lr` (inf if it diverged)."
     t = trainer(p, lr, seed)
-    try: t.fit_one_cycle(p[4], lr_max=lr)
+    try: t.fit_one_cycle(p[4], lr_max=t.lr)
     except FloatingPointError: return math.inf
     v = t.evaluate()['valid_loss']
     return v if math.isfinite(v) else math.inf
 
 
-def scorer(p):
-    """`score(lr)`: the mean validation loss over SEEDS of the same training at `lr` (trained once per LR);
+def scorer(p, seeds):
+    """`score(lr)`: the mean validation loss over `seeds` of the same training at `lr` (trained once per LR);
     `score.runs[lr]` holds the loss of each seed."""
     def score(lr):
         lr = float(lr)
-        if lr not in score.runs: score.runs[lr] = [train(p, lr, s) for s in SEEDS]
+        if lr not in score.runs: score.runs[lr] = [train(p, lr, s) for s in seeds]
         return float(np.mean(score.runs[lr]))
     score.runs = {}
     return score
@@ -170,23 +263,30 @@ def scorer(p):
 
 def spread(runs) -> str:
     "The seed-to-seed standard deviation of `runs`, and the standard error of their mean."
+    if len(runs) < 2: return "one seed"
     sd = float(np.std(runs, ddof=1))
     return f"sd {sd:.4f}, se of the mean {sd / math.sqrt(len(runs)):.4f}"
 
 
-def fastai_valley(p) -> float:
-    "fastai's lr_find valley for the same model (seed SEEDS[0]), data, loss and optimizer (AdamW)."
-    from fastai.data.core import DataLoaders
-    from fastai.learner import Learner
-    from fastai.optimizer import OptimWrapper
-    import fastai.callback.schedule  # noqa: F401  (adds Learner.lr_find)
-    (train_ds, valid_ds), make, loss, bs, _ = p
-    torch.manual_seed(SEEDS[0])
-    model = make()
-    dls = DataLoaders(*loaders(train_ds, valid_ds, bs, SEEDS[0]))   # plain torch DataLoaders: the model stays on the CPU
-    with tempfile.TemporaryDirectory() as d:   # fastai saves the model there during its sweep
-        learn = Learner(dls, model, loss_func=loss, opt_func=partial(OptimWrapper, opt=torch.optim.AdamW), path=d)
-        with learn.no_bar(): return float(learn.lr_find(show_plot=False).valley)
+def valley_fastai_rule(res, num_it=100) -> float:
+    """fastai's lr_find valley, reimplemented here from its published description, on the same sweep (fastai's sweep
+    is the same: 1e-7 to 10 over 100 steps, a debiased EMA with beta 0.98, a stop at 4x the best): drop the first
+    tenth and the last 5 points of the smoothed curve; find the longest strictly decreasing run of points (not
+    necessarily adjacent: the longest decreasing subsequence); take the point a third plus a sixth of the way along
+    it (from its first point to its last)."""
+    lrs = np.asarray(res.lrs, float)[num_it // 10:-5]
+    y = np.asarray(res.losses, float)[num_it // 10:-5]
+    keep = np.isfinite(y)
+    lrs, y = lrs[keep], y[keep]
+    if len(y) < 2: return float(res.lrs[0])
+    run = np.ones(len(y), dtype=int)   # run[i]: the longest decreasing subsequence ending at i
+    for i in range(1, len(y)):
+        before = run[:i][y[:i] > y[i]]
+        if len(before): run[i] = before.max() + 1
+    end = int(np.argmax(run))
+    start = end - int(run[end])
+    third = (end - start) / 3
+    return float(lrs[start + int(third) + int(third / 2)])
 
 
 def timed(f, *args, **kw):
@@ -196,50 +296,93 @@ def timed(f, *args, **kw):
     return out, time.perf_counter() - t0
 
 
-def sweep_time(p, res, name):
-    "The sweep's time as a fraction of one training epoch (one thread, fastest of REPEATS)."
-    torch.set_num_threads(1)
-    t = trainer(p, 1e-3, SEEDS[0], valid=False)
-    t.fit(1)   # warm-up: the first epoch pays one-time costs
-    epoch = min(timed(t.fit, 1)[1] for _ in range(REPEATS))
-    t = trainer(p, 1e-3, SEEDS[0], valid=False)
-    runs = [timed(t.lr_find, show=False) for _ in range(REPEATS)]   # the same sweep each time: it leaves no trace
-    assert all(r.suggestions == res.suggestions for r, _ in runs)
-    sweep = min(dt for _, dt in runs)
-    torch.set_num_threads(THREADS)
-    print(f"{name}: sweep time {sweep:.2f}s = {sweep / epoch:.1f}x one training epoch ({epoch:.2f}s, training only, "
-          f"fastest of {REPEATS}, 1 thread; the sweep took {len(res.lrs)} steps, an epoch has {len(t.train_dl)})")
+def pick_of(p, batch_seed=0, threads=THREADS):
+    "The default pick of one lr_find (weights from SEEDS[0], the sweep's batches from `batch_seed`)."
+    torch.set_num_threads(threads)
+    try: return trainer(p, 1e-3, SEEDS[0], batch_seed=batch_seed).lr_find(show=False)._lr(None)
+    finally: torch.set_num_threads(THREADS)
 
 
-def main(names):
+def run(name, seeds, stable):
+    "`(printed lines, table row)` for one problem (a failure is printed, and its row is None)."
+    try: return run1(name, seeds, stable)
+    except Exception as e:   # one problem's failure should not hide the others' results
+        import traceback
+        return [f"{name}: FAILED: {e!r}", traceback.format_exc()], None
+
+
+def run_args(a): return run(*a)
+
+
+def run1(name, seeds, stable):
     torch.set_num_threads(THREADS)
     warnings.filterwarnings('ignore')
-    print(f"{len(names)} problems, one-cycle fits, grid {GRID[0]:.0e}..{GRID[-1]:.0e} ({len(GRID)} LRs), each LR scored by "
-          f"the mean final valid loss over seeds {SEEDS}; fastai {'compared' if HAS_FASTAI else 'is not installed'}")
-    for name in names:
-        data, make, loss, bs, epochs = PROBLEMS[name]
-        p = (data(), make, loss, bs, epochs)
-        res = trainer(p, 1e-3, SEEDS[0], valid=False).lr_find(show=False)
-        pick = res._lr(None)
-        score = scorer(p)
-        grid = [score(lr) for lr in GRID]
-        G, best = min(grid), float(GRID[int(np.argmin(grid))])
-        n = len(p[0][0])
-        print(f"  {name}: {n} train samples, batch {bs}, {len(trainer(p, 1e-3, 0).train_dl)} batches, {epochs} epochs; "
-              f"sweep {len(res.lrs)} steps from {res.lrs[0]:.0e} to {res.lrs[-1]:.2e}, stopped: {res.stop_reason}")
-        print(f"  {name} verdict: {res.verdict}")
-        print(f"  {name} grid: " + ' '.join(f"{lr:.2e}:{g:.4f}" for lr, g in zip(GRID, grid)))
-        print(f"  {name} picks: " + ', '.join(f"{k} {v:.2e} -> {score(v):.4f} ({score(v) / G:.3f})"
-                                            for k, v in res.choices.items()))
-        L = score(pick)
-        print(f"  {name} seed spread: pick {spread(score.runs[pick])}; best grid LR {best:.2e} {spread(score.runs[best])}")
-        print(f"{name}: suggestion loss {L:.4f}, best grid loss {G:.4f}, ratio {L / G:.3f}", flush=True)
-        if HAS_FASTAI:
-            fv = fastai_valley(p)
-            print(f"  {name} fastai valley {fv:.2e}: loss {score(fv):.4f}")
-            print(f"{name}: fastai ratio {score(fv) / G:.3f}", flush=True)
-        if name in ('CNN', 'MLP'): sweep_time(p, res, name)
+    out = []
+    say = out.append
+    spec = PROBLEMS[name]
+    p = (spec[0](), *spec[1:])
+    t = trainer(p, 1e-3, SEEDS[0])   # with its validation loader, as a user's trainer: the check scores on it
+    res, took = timed(t.lr_find, show=False)
+    pick = res._lr(None)
+    epoch = timed(trainer(p, 1e-3, SEEDS[0], valid=False).fit, 1)[1]
+    nb = len(t.train_dl)
+    steps_check = len(res.check) * CHECK_STEPS
+    score = scorer(p, seeds)
+    grid = [score(lr) for lr in GRID]
+    G, best = min(grid), float(GRID[int(np.argmin(grid))])
+    say(f"  {name}: {len(p[0][0])} train samples, batch {p[3]}, {nb} batches, {p[4]} epochs; "
+        f"sweep {len(res.lrs)} steps from {res.lrs[0]:.0e} to {res.lrs[-1]:.2e}, stopped: {res.stop_reason}")
+    say(f"  {name} verdict: {res.verdict}")
+    say(f"  {name} check (valid loss after {CHECK_STEPS} steps): "
+        + ' '.join(f"{lr:.2e}:{v:.4f}" for lr, v in sorted(res.check.items())))
+    say(f"  {name} grid: " + ' '.join(f"{lr:.2e}:{g:.4f}" for lr, g in zip(GRID, grid)))
+    say(f"  {name} picks: " + ', '.join(f"{k} {v:.2e} -> {score(v):.4f} ({score(v) / G:.3f})"
+                                      for k, v in res.choices.items()))
+    L = score(pick)
+    fv = valley_fastai_rule(res)
+    F_ = score(fv) / G
+    say(f"  {name} seed spread: pick {spread(score.runs[pick])}; best grid LR {best:.2e} {spread(score.runs[best])}")
+    say(f"  {name} cost: the sweep {len(res.lrs)} + the check {steps_check} steps (+ {len(res.check) + 1} evaluations) = "
+        f"{(len(res.lrs) + steps_check) / nb:.1f} epochs of steps ({steps_check / nb:.1f} for the check); lr_find took "
+        f"{took:.1f}s, one training epoch {epoch:.2f}s: {took / epoch:.1f}x")
+    sp = math.nan
+    if stable:
+        picks = {'seed0 1thr': pick, 'seed1': pick_of(p, 1), 'seed2': pick_of(p, 2), 'seed0 2thr': pick_of(p, 0, 2)}
+        sp = max(picks.values()) / min(picks.values())
+        say(f"  {name} stability: " + ', '.join(f"{k} {v:.2e}" for k, v in picks.items()) + f": spread {sp:.2f}x")
+    say(f"{name}: pick {pick:.2e} loss {L:.4f}, best grid loss {G:.4f}, ratio {L / G:.3f}; fastai valley {fv:.2e} "
+        f"ratio {F_:.3f}; spread {sp:.2f}x")
+    return out, (L / G, F_, sp, (len(res.lrs) + steps_check) / nb, steps_check / nb, took / epoch)
+
+
+def main(names, seeds, stable, jobs):
+    print(f"{len(names)} problems, one-cycle fits, grid {GRID[0]:.0e}..{GRID[-1]:.0e} ({len(GRID)} LRs), each LR scored "
+          f"by the mean final valid loss over seeds {seeds}; 'fastai' is fastai's valley rule, reimplemented here, on "
+          f"the same sweep; {jobs} problem(s) at a time", flush=True)
+    t0 = time.perf_counter()
+    args = [(n, seeds, stable) for n in names]
+    rows = {}
+    with multiprocessing.get_context('spawn').Pool(jobs) if jobs > 1 else contextlib.nullcontext() as pool:
+        results = pool.imap(run_args, args) if jobs > 1 else map(run_args, args)
+        for n, (lines, row) in zip(names, results):   # in order, each as soon as it is done
+            print('\n'.join(lines), flush=True)
+            if row is not None: rows[n] = row
+    print(f"\n| problem | ratio | fastai valley | pick spread (batch seeds 0-2, 1 vs 2 threads) | lr_find cost in epochs "
+          "of steps (sweep + check) | the check alone | lr_find time / epoch time |")
+    print("|---|---|---|---|---|---|---|")
+    for part, keep in (("designed on", lambda n: n not in HELD_OUT), ("held out", lambda n: n in HELD_OUT)):
+        for n, (r, f, sp, c, cc, tt) in rows.items():
+            if keep(n): print(f"| {n} ({part}) | {r:.3f} | {f:.3f} | {sp:.2f}x | {c:.1f} | {cc:.1f} | {tt:.1f}x |")
+    print(f"\ntotal {time.perf_counter() - t0:.0f}s", flush=True)
 
 
 if __name__ == '__main__':
-    main(sys.argv[1:] or list(PROBLEMS))
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument('--problems', default=','.join(PROBLEMS), help='comma-separated names (default: all)')
+    ap.add_argument('--quick', action='store_true', help='one seed per LR, no stability sweeps')
+    ap.add_argument('--jobs', type=int, default=1, help='problems run side by side (processes)')
+    a = ap.parse_args()
+    names = [n for n in a.problems.split(',') if n]
+    unknown = [n for n in names if n not in PROBLEMS]
+    if unknown: sys.exit(f"unknown problems {unknown}: choose from {list(PROBLEMS)}")
+    main(names, SEEDS[:1] if a.quick else SEEDS, not a.quick, a.jobs)

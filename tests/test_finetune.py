@@ -97,7 +97,7 @@ def test_lr_finder_sweeps_every_group_at_its_ratio_and_restores():
     before = [dict(g) for g in t.opt.param_groups]
     t.lr_find(num_it=20, show=False)
     assert len(seen) >= 10 and all(np.isclose(b / a, 10) for a, b in seen)
-    assert seen[-1][0] > 100 * seen[0][0]                      # it swept
+    assert max(a for a, _ in seen) > 100 * seen[0][0]          # it swept (then the check's trials, at the same ratio)
     assert np.allclose(t.lrs, [1e-4, 1e-3])
     assert [g['lr'] for g in t.opt.param_groups] == [g['lr'] for g in before]
 

@@ -883,8 +883,8 @@ def _epoch_end_checkpoint(t, epoch: int) -> Path | None:
 
 class EarlyStopping(Hook):
     """Stop the fit when `monitor` has not improved by more than `min_delta` for `patience` epochs; `restore_best`: end
-    every fit with the weights of the best epoch. `best_epoch` is that epoch's `state.epoch` (counted from 0, as the loop
-    counts); its messages, like the history, count epochs from 1."""
+    every fit with the weights of the best epoch. `best_epoch` is that epoch's `state.epoch` (counted from 0, as the
+    loop counts); its messages, like the history, count epochs from 1."""
     order = 82   # after MetricsLog (the last epoch is logged), before Checkpoint (which saves its state; when this
                 # stops the fit, Checkpoint saves the finished epoch in after_cancel, marked as where the fit stopped)
 

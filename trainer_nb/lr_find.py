@@ -8,9 +8,9 @@ import math, sys, time, warnings
 from dataclasses import dataclass, field
 
 # %% auto #0
-__all__ = ['MIN_POINTS', 'SUGGESTIONS', 'START_CUT', 'NOISE_Z', 'MIN_READ', 'READ_VALLEY', 'SLIDER_STEP', 'suggest_minimum',
-           'suggest_steep', 'suggest_valley', 'suggest_slide', 'suggest', 'SweepReading', 'read_sweep', 'suggest_sweep',
-           'LRFindWarning', 'LRFindResult', 'LRFindWidget']
+__all__ = ['MIN_POINTS', 'SUGGESTIONS', 'START_CUT', 'NOISE_Z', 'MIN_READ', 'CHECK_STEPS', 'CHECK_GRID', 'CHECK_MORE',
+           'CHECK_LEVEL', 'SLIDER_STEP', 'suggest_minimum', 'suggest_steep', 'suggest_valley', 'suggest_slide',
+           'suggest', 'SweepReading', 'read_sweep', 'suggest_sweep', 'LRFindWarning', 'LRFindResult', 'LRFindWidget']
 
 # %% ../nbs/05_lr_find.ipynb #82eecdd7
 import numpy as np
@@ -28,9 +28,9 @@ def _usable(lrs, losses) -> tuple[np.ndarray, np.ndarray]:
     bad = ~np.isfinite(y) | ~(lrs > 0)
     n = int(bad.argmax()) if bad.any() else len(y)
     if n < MIN_POINTS:
-        raise ValueError(f"Only {n} usable points in the LR sweep (of {len(y)}; the rest diverged): at least "
-                         f"{MIN_POINTS} "
-                         "are needed for a suggestion. Lower start_lr, raise num_it, or raise div.")
+        rest = f" (of {len(y)}: the loss is NaN or infinite from point {n + 1} on)" if n < len(y) else ""
+        raise ValueError(f"Only {n} usable points in the LR sweep{rest}: at least {MIN_POINTS} are needed for a "
+                         "suggestion.")
     return np.log10(lrs[:n]), y[:n]
 
 def _descent(y):
@@ -53,8 +53,8 @@ def suggest_steep(lrs, losses) -> float:
     slope = np.gradient(y, x)[:m]   # central differences; the minimum itself is not a candidate
     return float(10 ** x[int(np.argmin(slope))])
 
-def suggest_valley(lrs, losses, lo: float = 0.1, hi: float = 0.9) -> float:
-    "The middle (in log LR) of the main descent: between 10% and 90% of the drop from the top to the minimum."
+def suggest_valley(lrs, losses, lo: float = 0.8, hi: float = 0.95) -> float:
+    "The end of the main descent: the middle (in log LR) of its part between 80% and 95% of the drop to the minimum."
     x, y = _usable(lrs, losses)
     t, m, D = _descent(y)
     if m - t < 2 or _no_drop(D, y): return suggest_minimum(lrs, losses)
@@ -166,15 +166,13 @@ def read_sweep(lrs, raw_losses) -> SweepReading:
                   "start_lr")
     elif drop <= tiny or z <= NOISE_Z:
         reason = (f"no sustained descent: the smoothed loss falls by {drop:.3g} at most, {z:.1f}x its noise "
-                  f"({NOISE_Z:g}x needed); check that the model learns at all, and with a very noisy loss raise num_it "
-                  "or the batch size")
+                  f"({NOISE_Z:g}x needed to tell a descent from the scatter between batches); for a clearer curve "
+                  "raise num_it or the batch size")
     elif bottom == len(y) - 1 and diverged is None:
         reason = "the loss was still falling at the end of the sweep; raise end_lr"
     return SweepReading(10 ** x, s, first, w, noise, top, bottom, z, diverged, not reason, reason)
 
 # %% ../nbs/05_lr_find.ipynb #73253b88
-READ_VALLEY = (0.8, 0.95)   # `valley` on a read sweep: the middle of 80%..95% of the main descent
-
 def _clamp(lr: float, bounds) -> float:
     lo, hi = bounds
     return float(min(max(lr, lo), hi))   # the upper bound wins when the loss already diverged within the first decade
@@ -193,7 +191,7 @@ def suggest_sweep(reading: SweepReading, methods=tuple(SUGGESTIONS)) -> tuple[di
     r = reading
     f = r.first if len(r.lrs) - r.first >= MIN_POINTS else 0
     lrs, s = r.lrs[f:], r.losses[f:]
-    rules = {'valley': lambda: suggest_valley(lrs, s, *READ_VALLEY), 'steep': lambda: suggest_steep(lrs, s),
+    rules = {'valley': lambda: suggest_valley(lrs, s), 'steep': lambda: suggest_steep(lrs, s),
              'minimum': lambda: suggest_minimum(lrs, s), 'slide': lambda: _read_slide(r)}
     unknown = [m for m in methods if m not in rules]
     if unknown: raise ValueError(f"Unknown suggestion methods {unknown}: use {list(rules)}")
@@ -228,12 +226,14 @@ class _Sweep(Hook):
         self.raw.append(loss)
         self.epoch_points += 1
         if self.bar is not None: self.bar.update(1)
-        if not math.isfinite(loss): self._stop('the loss became NaN or infinite')
+        lr = self.lrs[-1]
+        if not math.isfinite(loss): self._stop(f'the loss became NaN or infinite at LR {_lr_text(lr)}')
         smooth = float(self.smoother.update([loss])[-1])
         self.smooth.append(smooth)
         self.best = min(self.best, smooth)
         if self.best > 0 and smooth > self.div * self.best:   # a ratio to a best <= 0 means nothing (see above)
-            self._stop(f'the smoothed loss exceeded {self.div:g}x its best')
+            self._stop(f'the smoothed loss exceeded {self.div:g}x its best at LR {_lr_text(lr)} '
+                       f'({smooth:.3g} > {self.div:g} x {self.best:.3g})')
         if len(self.lrs) == len(self.sched): self._stop('done')
 
     def after_batch(self):
@@ -248,6 +248,100 @@ class _Sweep(Hook):
         "End the sweep, saying why."
         self.stop = why
         raise CancelFit()
+
+# %% ../nbs/05_lr_find.ipynb #de375901
+CHECK_STEPS = 40    # optimizer steps per candidate of the check
+CHECK_GRID = 0.5    # candidates lie on the LRs 10**(k * CHECK_GRID)
+CHECK_MORE = 2      # at most this many candidates beyond the first four, when the best is at an end
+CHECK_LEVEL = 0.95  # the pick: the smallest LR whose trial gets 95% of the way from the start level to the best
+
+def _trial_sched(lr: float, n: int) -> list[float]:
+    "The LRs of a trial of `n` steps at `lr`: warm up from lr/10 over a quarter, then cosine down to lr/100."
+    w = max(1, n // 4)
+    up = [lr * (0.1 + 0.9 * i / w) for i in range(w)]
+    k = max(n - w - 1, 1)
+    return up + [lr * (0.01 + 0.99 * (1 + math.cos(math.pi * i / k)) / 2) for i in range(n - w)]
+
+def _run(trainer, sweep: _Sweep, steps: int, valid=None) -> float | None:
+    """Train with `sweep` as the only hook for `steps` optimizer steps (or until it stops), then the loss on `valid`
+    (if given and the trial ran to its end), then rewind everything."""
+    try: n = len(trainer.train_loader)
+    except TypeError: n = 0
+    with trainer.temporary(hooks=[sweep], rewind=True, losses=LossLog(), valid_dl=None, scheduler_func=None,
+                           sync_every=sys.maxsize):
+        if steps: trainer.fit(math.ceil(steps * trainer.grad_accum / n) + 1 if n else sys.maxsize)
+        if valid is not None and sweep.stop in ('done', None):
+            return float(trainer.evaluate(valid)['valid_loss'])
+    return None
+
+def _base(raw, steps: int, m: int) -> np.ndarray:
+    "The sweep's losses on the batches of a trial's last `m` steps (or its first points when it is shorter)."
+    y = np.asarray(raw[steps - m:steps], float)
+    if len(y) == m and np.isfinite(y).all(): return y
+    y = np.asarray(raw[:max(5, len(raw) // 10)], float)
+    return y[np.isfinite(y)]
+
+def _fell(base, tail) -> bool:
+    """Did a trial lower the loss clearly? Its last losses `tail` against the sweep's on the same batches (`base`: the
+    sweep starts from the same state, so its step `j` sees the trial's batch `j`, at an LR too small to matter yet): the
+    mean paired difference must exceed 3 standard errors (of log(loss) when every loss is > 0: a batch's loss scatters
+    in proportion to its level, and a few huge ones must not hide a clear fall). Against a sweep shorter than the trial,
+    the comparison is with its first points, each side with its own noise."""
+    m, base, tail = len(tail), np.asarray(base, float), np.asarray(tail, float)
+    if len(base) and (base > 0).all() and (tail > 0).all(): base, tail = np.log(base), np.log(tail)
+    if len(base) == m and m > 1:
+        d = base - tail
+        return bool(d.mean() > 0 and d.mean() > 3 * d.std(ddof=1) / math.sqrt(m))
+    if len(base) == 0: return False
+    sd = max(_noise(base) if len(base) >= 5 else 0.0, float(np.std(tail)))
+    return float(tail.mean()) < float(np.median(base)) - 3 * sd * math.sqrt(1 / m + 1 / len(base))
+
+def _level_lr(xs, ys, level: float) -> float:
+    "The first log LR (going up) at which the scores `ys` reach `level`, interpolated linearly between candidates."
+    i = next(j for j, y in enumerate(ys) if y <= level)
+    if i == 0: return xs[0]
+    f = (ys[i - 1] - level) / (ys[i - 1] - ys[i]) if math.isfinite(ys[i - 1]) else 1.0
+    return xs[i - 1] + f * (xs[i] - xs[i - 1])
+
+# %% ../nbs/05_lr_find.ipynb #1215a3ba
+def _check(trainer, res, ratios, steps: int, bar=None) -> tuple[dict, float | None]:
+    "`({candidate lr: score}, pick or None)`: train each candidate for `steps` steps from the same state; see above."
+    r = res.reading
+    lo = r.bounds[0]
+    hi = r.diverged / 10 ** (CHECK_GRID / 2) if r.diverged else r.lrs[-1]
+    centre = round(math.log10(suggest_sweep(r, ('valley',))[0]['valley']) / CHECK_GRID)
+    ok = lambda k: lo * (1 - 1e-9) <= 10 ** (k * CHECK_GRID) <= hi * (1 + 1e-9)
+    ks = [k for k in range(centre - 2, centre + 2) if ok(k)] or [math.floor(math.log10(hi) / CHECK_GRID)]
+    scores, tails, m = {}, {}, max(2, steps // 3)
+    base = _base(res.raw_losses, steps, m)
+    valid = trainer.valid_dl
+    start = float(base.mean()) if len(base) else math.inf
+    if valid is not None: start = _run(trainer, _Sweep([], ratios, 0.0, math.inf), 0, valid)   # before training
+    def score(k):
+        if k not in scores:
+            sweep = _Sweep(_trial_sched(10 ** (k * CHECK_GRID), steps), ratios, 0.0, math.inf, bar)
+            v = _run(trainer, sweep, steps, valid)
+            tails[k] = sweep.raw[-m:] if sweep.stop == 'done' else [math.inf]
+            ok_ = all(map(math.isfinite, tails[k])) and (v is None or math.isfinite(v))
+            scores[k] = (float(np.mean(tails[k])) if valid is None else v) if ok_ else math.inf
+        return scores[k]
+    def level():   # the score at CHECK_LEVEL of the way from the start to the best
+        best = min(scores.values())
+        return best + (1 - CHECK_LEVEL) * (start - best) if start > best else best
+    for k in ks: score(k)
+    for _ in range(CHECK_MORE):   # one more grid point where the best, or the level, may lie beyond the candidates
+        best = min(scores, key=scores.get)
+        if not math.isfinite(scores[best]): break
+        k = best + 1 if best == max(scores) else min(scores) - 1 if scores[min(scores)] <= level() else None
+        if k is None or not ok(k): break
+        score(k)
+    ks = sorted(scores)
+    ys = [scores[k] for k in ks]
+    i = int(np.argmin(ys))
+    found = math.isfinite(ys[i]) and _fell(base, tails[ks[i]])
+    res.check_start = start
+    pick = 10 ** _level_lr([k * CHECK_GRID for k in ks], ys, level()) if found else None
+    return {10 ** (k * CHECK_GRID): v for k, v in scores.items()}, pick
 
 # %% ../nbs/05_lr_find.ipynb #fec702d5
 _MARKERS = {'valley': ('o', 'tab:red'), 'steep': ('v', 'tab:green'), 'minimum': ('s', 'tab:purple'),
@@ -333,6 +427,9 @@ class LRFindResult(_ResultPlot):
     reason: str = ''                    # why it is not reliable, and what to change
     fallback: float | None = None       # the safe pick when it is not: a tenth of the largest LR before the loss rises
     reading: SweepReading | None = None  # the curve the rules read (see `read_sweep`)
+    check: dict = field(default_factory=dict)  # the check: {candidate LR: its score (mean loss of its last steps)}
+    checked: float | None = None        # the check's pick: the default when there is one (see "The check")
+    check_start: float | None = None    # the check's score of the model before training (what the trials start from)
     _widget: object = field(default=None, init=False)
 
     @property
@@ -340,14 +437,18 @@ class LRFindResult(_ResultPlot):
 
     @property
     def default(self) -> str | None:
-        "The name of the default pick: `'fallback'` when the sweep is not reliable, else `'valley'` (or the first)."
+        """The name of the default pick: `'checked'` when the check found one, else `'fallback'` when the sweep is not
+        reliable, else `'valley'` (or the first suggestion)."""
+        if self.checked is not None: return 'checked'
         if not self.reliable and self.fallback is not None: return 'fallback'
         return 'valley' if 'valley' in self.suggestions else next(iter(self.suggestions), None)
 
     @property
     def choices(self) -> dict:
-        "The suggestions, and the fallback when the sweep is not reliable: `{name: lr}`."
-        return {**self.suggestions, 'fallback': self.fallback} if self.default == 'fallback' else dict(self.suggestions)
+        "The suggestions, then the default when it is not one of them (`checked` or `fallback`): `{name: lr}`."
+        d = self.default
+        extra = {'checked': self.checked} if d == 'checked' else {'fallback': self.fallback} if d == 'fallback' else {}
+        return {**self.suggestions, **extra}
 
     def _lr(self, lr) -> float:
         if lr is None: lr = self.default
@@ -365,16 +466,8 @@ class LRFindResult(_ResultPlot):
 
     @property
     def verdict(self) -> str:
-        "One line: is the curve to be trusted, and why (or why not)."
-        r = self.reading
-        if not self.reliable:
-            if self.fallback is None: return f"No reliable suggestion: {self.reason}."
-            return (f"No reliable suggestion: {self.reason}. The default is the fallback {_lr_text(self.fallback)}: "
-                    "a tenth of the largest LR before the loss rises.")
-        if r is None: return ''
-        a, b = _descent_span(r)
-        return (f"Reliable: the smoothed loss falls from {r.losses[r.top]:.4g} to {r.losses[r.bottom]:.4g} between "
-                f"{_lr_text(r.lrs[a])} and {_lr_text(r.lrs[b])} ({r.z:.0f}x its noise).")
+        "One line: is the curve to be trusted, and why (or why not); what the check found."
+        return _verdict(self)
 
     def summary(self) -> str:
         "The suggestions as a few lines of text, with the verdict on the curve."
@@ -396,6 +489,34 @@ class LRFindResult(_ResultPlot):
         "The interactive widget (made once): plot, LR slider, and a button that applies the chosen LR."
         if self._widget is None: self._widget = LRFindWidget(self)
         return self._widget
+
+# %% ../nbs/05_lr_find.ipynb #5e9ffe25
+def _verdict(self: LRFindResult) -> str:
+    "`LRFindResult.verdict`: the curve's verdict, and what the check found."
+    r = self.reading
+    checked = ''
+    if self.check:
+        best = min(self.check.values())
+        lo, hi = _lr_text(min(self.check)), _lr_text(max(self.check))
+        checked = (f"a check of {len(self.check)} LRs from {lo} to {hi} " +
+                   (f"picked {_lr_text(self.checked)} (the default), the smallest LR that gets {CHECK_LEVEL:.0%} of "
+                    "the way to the best trial." if self.checked is not None else
+                    f"took the loss from {self.check_start:.4g} to {best:.4g} at best, no clearer than the scatter "
+                    "between batches: neither the sweep nor the check saw an LR that trains. Check that the model "
+                    "can learn at all (its output, the loss function, the labels), or with a very noisy loss raise "
+                    "the batch size."))
+    if not self.reliable:
+        out = f"No reliable suggestion: {self.reason}." + (" And " + checked if checked else "")
+        if self.fallback is None: return out
+        return out + (f" The default is the fallback {_lr_text(self.fallback)}: a tenth of the largest LR before the "
+                      "loss rises.")
+    if r is None: return ''
+    if not r.reliable:
+        return f"Reliable by the check: {checked[0].upper()}{checked[1:]} The curve alone is not: {r.reason}."
+    a, b = _descent_span(r)
+    return (f"Reliable: the smoothed loss falls from {r.losses[r.top]:.4g} to {r.losses[r.bottom]:.4g} between "
+            f"{_lr_text(r.lrs[a])} and {_lr_text(r.lrs[b])} ({r.z:.0f}x its noise)."
+            + (" Then " + checked if checked else ""))
 
 # %% ../nbs/05_lr_find.ipynb #a013cdbb
 def _png(fig) -> bytes:
@@ -553,6 +674,23 @@ class LRFindWidget(_WidgetParts, _WidgetDisplay):
         self.box.add_class('tnb-lr-find')
         self._tip()
 
+# %% ../nbs/05_lr_find.ipynb #defc04e8
+def _why_short(res: LRFindResult, div: float) -> str:
+    "What stopped a sweep before `MIN_POINTS` usable steps, in what was seen, and what to change."
+    n, why, raw = len(res.raw_losses), res.stop_reason, [v for v in res.raw_losses if math.isfinite(v)]
+    head = f"The sweep stopped after {n} steps ({_lr_text(res.lrs[0])} to {_lr_text(res.lrs[-1])}): {why}."
+    if why.startswith('the loss became NaN'):
+        return head + " Training diverges at these LRs: lower start_lr (or clip the gradients)."
+    if why.startswith('the smoothed loss exceeded') and raw:
+        grew = raw[-1] / min(raw) if min(raw) > 0 else math.inf
+        if grew > 10 * div:
+            return head + f" The loss grew {grew:.0f}-fold: training diverges at these LRs; lower start_lr."
+        return head + (f" The loss rose only from {min(raw):.3g} to {raw[-1]:.3g}: at LRs this small, that is the "
+                       f"scatter of a low loss between batches (a model already trained?) rather than divergence. "
+                       f"Raise div (now {div:g}) so that the sweep goes on; lower start_lr only if the loss really "
+                       "grows at these LRs.")
+    return head + " Raise num_it."
+
 # %% ../nbs/05_lr_find.ipynb #c4603f98
 def _in_notebook() -> bool:
     ip = sys.modules.get('IPython')
@@ -562,12 +700,12 @@ def _in_notebook() -> bool:
 class _SweepBar:
     """The sweep's progress in a notebook: a line of text updated in place (at most 5 times a second) and emptied at
     the end. Not a widget: a saved notebook keeps no model of it, so nothing can go missing when it is reopened."""
-    def __init__(self, total: int):
+    def __init__(self, total: int, what: str = 'lr_find'):
         from IPython.display import display
-        self.n, self.total, self.shown = 0, total, time.monotonic()
+        self.n, self.total, self.what, self.shown = 0, total, what, time.monotonic()
         self.handle = display({'text/plain': self._text()}, raw=True, display_id=True)
 
-    def _text(self) -> str: return f"lr_find: step {self.n} of at most {self.total}"
+    def _text(self) -> str: return f"{self.what}: step {self.n} of at most {self.total}"
 
     def update(self, k: int = 1):
         self.n += k
@@ -576,6 +714,12 @@ class _SweepBar:
             self.handle.update({'text/plain': self._text()}, raw=True)
 
     def close(self): self.handle.update({}, raw=True)
+
+def _progress_bar(total: int, what: str):
+    "A line of text in a notebook (`_SweepBar`), a tqdm bar elsewhere; either is gone at the end."
+    if _in_notebook(): return _SweepBar(total, what)
+    from tqdm.auto import tqdm
+    return tqdm(total=total, desc=what, leave=False)
 
 # %% ../nbs/05_lr_find.ipynb #8c9ac2bf
 def _read_into(res: LRFindResult, methods):
@@ -588,11 +732,12 @@ def _read_into(res: LRFindResult, methods):
     res.suggestions, res.reading, res.reliable, res.reason, res.fallback = sugg, r, r.reliable, r.reason, fallback
 
 def lr_find(trainer, start_lr: float = 1e-7, end_lr: float = 10, num_it: int = 100, beta: float = 0.98,
-            div: float = 4., show: bool = True, suggest_funcs=None) -> LRFindResult:
+            div: float = 4., show: bool = True, suggest_funcs=None, check: int = CHECK_STEPS) -> LRFindResult:
     """`trainer.lr_find(...)` (`trainer`: a `Trainer`): sweep the LR exponentially from `start_lr` to `end_lr` over
     `num_it` optimizer steps, restore everything and suggest LRs (`suggest_funcs`: names from `SUGGESTIONS`, or
-    `name -> func`; None: all). A sweep that stops before `MIN_POINTS` usable steps raises a `ValueError` whose
-    `result` holds the curve so far."""
+    `name -> func`; None: all); then train a few candidates for `check` steps each (0: no check) and make the best
+    the default. A sweep that stops before `MIN_POINTS` usable steps raises a `ValueError` whose `result` holds the
+    curve so far."""
     self = trainer
     if suggest_funcs is None: suggest_funcs = tuple(SUGGESTIONS)
     if not (0 < start_lr < end_lr): raise ValueError(f"Need 0 < start_lr < end_lr, got {start_lr!r} and {end_lr!r}")
@@ -601,6 +746,8 @@ def lr_find(trainer, start_lr: float = 1e-7, end_lr: float = 10, num_it: int = 1
                          f"got {num_it!r}")
     if not (0 <= beta < 1): raise ValueError(f"beta must be in [0, 1), got {beta!r}")
     if not div > 1: raise ValueError(f"div must be > 1, got {div!r}")
+    if not (isinstance(check, int) and not isinstance(check, bool) and (check == 0 or check >= 3)):
+        raise ValueError(f"check must be 0 (no check) or an int >= 3 (steps per candidate), got {check!r}")
     check_idle(self, "run lr_find")
     if self.manual:
         raise ValueError("lr_find can't sweep a trainer with manual=True: its train_step steps the optimizers itself. "
@@ -613,19 +760,11 @@ def lr_find(trainer, start_lr: float = 1e-7, end_lr: float = 10, num_it: int = 1
     sched = [start_lr * (end_lr / start_lr) ** (i / (num_it - 1)) for i in range(num_it)]
     dl = self.train_loader   # prepared now, as fit would, so that the rewind covers its state
     bar = None
-    if show and main:
-        if _in_notebook(): bar = _SweepBar(num_it)
-        else:
-            from tqdm.auto import tqdm
-            bar = tqdm(total=num_it, desc='lr_find', leave=False)
+    if show and main: bar = _progress_bar(num_it, 'lr_find')
     lrs = trainer.lrs
-    sweep = _Sweep(sched, [l / max(lrs) for l in lrs], beta, div, bar)   # the swept LR: the fastest group's
-    try: n = len(dl)
-    except TypeError: n = 0
-    try:
-        with self.temporary(hooks=[sweep], rewind=True, losses=LossLog(), valid_dl=None, scheduler_func=None,
-                            sync_every=sys.maxsize):
-            self.fit(math.ceil(num_it * self.grad_accum / n) + 1 if n else sys.maxsize)
+    ratios = [l / max(lrs) for l in lrs]
+    sweep = _Sweep(sched, ratios, beta, div, bar)   # the swept LR: the fastest group's
+    try: _run(self, sweep, num_it)
     finally:
         if bar is not None:
             if sweep.stop: bar.total = bar.n   # stopping early is normal: don't leave a 'failed' (red) bar behind
@@ -634,10 +773,19 @@ def lr_find(trainer, start_lr: float = 1e-7, end_lr: float = 10, num_it: int = 1
     res = LRFindResult(list(sweep.lrs), losses, list(sweep.raw), {}, sweep.stop or '', self)
     try: _read_into(res, suggest_funcs)
     except ValueError as e:
-        e.add_note(f"The sweep stopped after {len(sweep.raw)} steps: {sweep.stop}. "
-                   "The error's `result` holds its curve.")
+        e.add_note(_why_short(res, div) + " The error's `result` holds its curve.")
         e.result = res   # the steps that ran, with no suggestions: to plot or inspect
         raise
+    if check and not isinstance(suggest_funcs, dict):
+        cbar = None
+        if show and main: cbar = _progress_bar((4 + CHECK_MORE) * check, 'lr_find check')
+        try: res.check, res.checked = _check(self, res, ratios, check, cbar)
+        finally:
+            if cbar is not None:
+                cbar.total = cbar.n
+                cbar.close()
+        if res.checked is not None:   # (to the digits it is shown with, as the suggestions)
+            res.checked, res.reliable, res.reason = _round_lr(res.checked), True, ''
     if not res.reliable: warnings.warn(f"lr_find: {res.verdict}", LRFindWarning, stacklevel=3)
     if show and main:
         if _in_notebook():
