@@ -31,7 +31,7 @@ $(VENV)/.installed: settings.ini setup.py
 
 # README.md is generated from nbs/index.ipynb (after running it: outputs are part of the README)
 readme: $(VENV)/.installed
-	$(BIN)/jupyter nbconvert --to notebook --execute --inplace nbs/index.ipynb
+	$(BIN)/jupyter nbconvert --to notebook --execute --inplace --ExecutePreprocessor.store_widget_state=False nbs/index.ipynb
 	$(BIN)/nbdev_clean --fname nbs/index.ipynb
 	$(BIN)/python tools/render_readme.py
 

@@ -98,7 +98,7 @@ def test_restore_best_after_a_resume_without_the_checkpoint_warns(tmp_path):
     t = make([*hooks(), Crash(5)])
     with pytest.raises(RuntimeError): t.fit(8)
     t2 = make(hooks())
-    with pytest.warns(UserWarning, match=r'best epoch \(3\) are neither in memory'): t2.fit(8, resume='last')
+    with pytest.warns(UserWarning, match=r'best epoch \(4\) are neither in memory'): t2.fit(8, resume='last')
     assert_weights(t2.model, weights_of(epoch_checkpoint(run, 6)))   # its last weights
 
 

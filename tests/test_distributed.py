@@ -106,7 +106,7 @@ def test_only_main_process_prints(run):
     epochs = _script_module().EPOCHS
     lines = [l for l in stdout.splitlines() if l.startswith('epoch ')]
     assert len(lines) == epochs, stdout
-    assert [l.split()[1] for l in lines] == [str(i) for i in range(epochs)]
+    assert [l.split()[1] for l in lines] == [str(i) for i in range(1, epochs + 1)]   # epochs counted from 1
     assert ranks[0]['epoch_results']['train_loss'] == ranks[1]['epoch_results']['train_loss']   # averaged over processes
 
 

@@ -212,7 +212,7 @@ def test_stops_where_the_smoothed_loss_first_exceeds_div_times_its_best(beta, di
     res = t.lr_find(show=False, num_it=len(STOP_CURVE), beta=beta, div=div, check=0)   # the script: the sweep's
     assert len(res.lrs) == len(res.raw_losses) == first + 1     # the step that crossed is the last one
     assert res.raw_losses == STOP_CURVE[:first + 1] and res.losses == pytest.approx(smooth[:first + 1], rel=1e-12)
-    assert res.stop_reason == (f'the smoothed loss exceeded {div:g}x its best at LR {res.lrs[-1]:.2e} '
+    assert res.stop_reason == (f'the smoothed loss exceeded {div:g}x its best at LR {shown(res.lrs[-1])} '
                                f'({smooth[first]:.3g} > {div:g} x {min(smooth[:first + 1]):.3g})')
 
 
@@ -887,5 +887,5 @@ def test_a_sweep_that_stops_early_says_what_it_saw(values, said):
     with pytest.raises(ValueError) as info: t.lr_find(show=False, num_it=20, beta=0.0)
     note = ' '.join(info.value.__notes__)
     assert 'Only 3 usable points in the LR sweep:' in str(info.value) and 'diverged' not in str(info.value)
-    assert 'The sweep stopped after 3 steps (1.00e-07 to' in note and said in note
+    assert 'The sweep stopped after 3 steps (1.00e-7 to' in note and said in note
     assert ('Raise div (now 4)' in note) == ('rose only' in said)
