@@ -50,6 +50,7 @@ def _run_one(src: str, dest: str, cwd: str, key: str, timeout: int) -> float:
     import nbformat
     from nbclient import NotebookClient
     nb = nbformat.read(src, as_version=4)
+    nb.metadata.pop('widgets', None)   # a saved widget state: the pages show outputs, and nbdev can't read every state
     for c in nb.cells:
         if c.cell_type == 'code' and _directives(c.source) & set(SKIP_FLAGS):
             c.metadata.setdefault('tags', []).append('skip-execution')
