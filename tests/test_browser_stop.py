@@ -4,8 +4,6 @@ next cell ends with the weights of an uninterrupted fit. Once in a kernel driven
 headless Chromium, pressing the toolbar's stop button."""
 import asyncio, time
 
-import pytest
-
 from conftest import REPO
 from jupyter_lab import (KERNEL, jupyter_env, lab_server, needs_browser, notebook_page, output_texts, run_all_cells,
                          run_cell, wait_for_text, write_notebook)
@@ -49,33 +47,40 @@ print('RESUMED', tr.state.iteration, same)"""
 LINE = "FitStopped: Stopped at epoch 2 of 3, batch 10 of 50 (step 60 of 150). trainer.resume() continues this fit."
 
 
-def test_nbclient_real_interrupt_then_resume(tmp_path, monkeypatch):
+def run_interrupted(tmp_path, monkeypatch, sources, presses):
+    """Run the three cells `sources` in a kernel driven by nbclient; while the second one runs, interrupt the kernel
+    (what the stop button sends: SIGINT) once each file of `presses` exists, in order. Returns the notebook."""
     import nbformat
     from nbclient import NotebookClient
     env = jupyter_env(tmp_path)
     for k in ('JUPYTER_PATH', 'JUPYTER_CONFIG_DIR', 'JUPYTER_RUNTIME_DIR', 'JUPYTER_DATA_DIR', 'IPYTHONDIR',
               'MPLBACKEND'):
         monkeypatch.setenv(k, env[k])
-    ready = tmp_path / 'ready'
     path = tmp_path / 'run.ipynb'
-    write_notebook(path, cells(ready))
+    write_notebook(path, sources)
     nb = nbformat.read(str(path), as_version=4)
     client = NotebookClient(nb, timeout=300, kernel_name=KERNEL, allow_errors=True,
                             resources={'metadata': {'path': str(tmp_path)}})
 
-    async def stop_when_ready():
-        while not ready.exists(): await asyncio.sleep(0.02)   # (waits for the file: no timing assumed)
-        await client.km.interrupt_kernel()   # what the stop button sends: SIGINT to the kernel
+    async def press():
+        for f in presses:
+            while not f.exists(): await asyncio.sleep(0.02)   # (waits for the file: no timing assumed)
+            await client.km.interrupt_kernel()
 
     async def run():
         async with client.async_setup_kernel():
             await client.async_execute_cell(nb.cells[0], 0)
-            stopper = asyncio.ensure_future(stop_when_ready())
+            presser = asyncio.ensure_future(press())
             await client.async_execute_cell(nb.cells[1], 1)
-            await stopper
+            await presser
             await client.async_execute_cell(nb.cells[2], 2)
     asyncio.run(run())
+    return nb
 
+
+def test_nbclient_real_interrupt_then_resume(tmp_path, monkeypatch):
+    ready = tmp_path / 'ready'
+    nb = run_interrupted(tmp_path, monkeypatch, cells(ready), [ready])
     outs = nb.cells[1].outputs
     errors = [o for o in outs if o.output_type == 'error']
     assert len(errors) == 1 and errors[0].ename == 'FitStopped', outs
@@ -131,12 +136,6 @@ def test_jupyterlab_stop_button_then_resume(tmp_path):
 
 def test_nbclient_second_interrupt_stops_inside_the_batch(tmp_path, monkeypatch):
     "Two real interrupts: the second one ends the fit inside the batch it waits in; resume() then refuses, saying why."
-    import nbformat
-    from nbclient import NotebookClient
-    env = jupyter_env(tmp_path)
-    for k in ('JUPYTER_PATH', 'JUPYTER_CONFIG_DIR', 'JUPYTER_RUNTIME_DIR', 'JUPYTER_DATA_DIR', 'IPYTHONDIR',
-              'MPLBACKEND'):
-        monkeypatch.setenv(k, env[k])
     first, second = tmp_path / 'first', tmp_path / 'second'
     setup = cells(tmp_path / 'unused')[0]
     fit = f"""\
@@ -155,25 +154,7 @@ tr.fit_one_cycle(3, lr_max=1e-2)"""
 print('ITERATION', tr.state.iteration, 'LOSSES', len(tr.losses))
 try: tr.resume()
 except RuntimeError as e: print('REFUSED', e)"""
-    path = tmp_path / 'run.ipynb'
-    write_notebook(path, [setup, fit, after])
-    nb = nbformat.read(str(path), as_version=4)
-    client = NotebookClient(nb, timeout=300, kernel_name=KERNEL, allow_errors=True,
-                            resources={'metadata': {'path': str(tmp_path)}})
-
-    async def press_twice():
-        for f in (first, second):
-            while not f.exists(): await asyncio.sleep(0.02)
-            await client.km.interrupt_kernel()
-
-    async def run():
-        async with client.async_setup_kernel():
-            await client.async_execute_cell(nb.cells[0], 0)
-            presser = asyncio.ensure_future(press_twice())
-            await client.async_execute_cell(nb.cells[1], 1)
-            await presser
-            await client.async_execute_cell(nb.cells[2], 2)
-    asyncio.run(run())
+    nb = run_interrupted(tmp_path, monkeypatch, [setup, fit, after], [first, second])
 
     errors = [o for o in nb.cells[1].outputs if o.output_type == 'error']
     assert len(errors) == 1 and errors[0].ename == 'FitStopped' and len(errors[0].traceback) == 1, errors
