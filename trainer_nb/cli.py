@@ -12,7 +12,7 @@ __all__ = ['save_curves', 'run_training']
 
 # %% ../nbs/10_cli.ipynb #60f1d8cc
 import yaml
-from .core import Trainer
+from .core import FitStopped, Trainer
 from .recorder import Recorder
 from .checkpoint import Checkpoint, list_checkpoints
 from .registry import ConfigError, RegistryKeyError, apply_overrides, build_trainer
@@ -207,8 +207,10 @@ def main(argv=None) -> int:
         print(f"trainer-nb {a.command}: error: {e}" + ('' if a.debug else ' (--debug shows the traceback)'),
               file=sys.stderr, flush=True)
         return 1
-    except KeyboardInterrupt as e:
-        print(f"trainer-nb {a.command}: interrupted" + (f" ({e})" if str(e) else ''), file=sys.stderr, flush=True)
+    except KeyboardInterrupt as e:   # (a fit stopped by Ctrl-C can't be resumed from here: the process ends)
+        why = (f": stopped {e.where}; with no checkpoint, nothing to continue from" if isinstance(e, FitStopped)
+               else f" ({e})" if str(e) else '')
+        print(f"trainer-nb {a.command}: interrupted{why}", file=sys.stderr, flush=True)
         return 130
     except Exception as e:
         traceback.print_exc()

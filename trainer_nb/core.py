@@ -899,10 +899,11 @@ def _fit_scheduled(t, epochs, lr, factory, resume, max_steps=None, eval_every=No
 # %% ../nbs/00_core.ipynb #8a62d9d5
 class FitStopped(KeyboardInterrupt):
     """A fit ended by the stop button (`SIGINT`) or `Trainer.stop()`. `resumable`: it stopped between two batches, and
-    `Trainer.resume()` continues it. A `KeyboardInterrupt`, so that it stops a "run all"; IPython shows its one line."""
-    def __init__(self, msg: str = '', resumable: bool = False):
+    `Trainer.resume()` continues it; `where`: where it stopped, in words. A `KeyboardInterrupt`, so that it stops a
+    "run all"; IPython shows its one line."""
+    def __init__(self, msg: str = '', resumable: bool = False, where: str = ''):
         super().__init__(msg)
-        self.resumable = resumable
+        self.resumable, self.where = resumable, where
 
     def _render_traceback_(self) -> list[str]:   # IPython shows this in place of the traceback
         return [f"\x1b[0;31m{type(self).__name__}\x1b[0m: {self}"]
@@ -957,8 +958,8 @@ def _stopped_fit(t, done: int, fit_start: int, epochs, max_steps, eval_every) ->
     where = (f"at epoch {s.epoch + 1} of {s.epochs}, batch {done}" + (f" of {n}" if n else '') if done
              else f"before epoch {s.epoch + 1} of {s.epochs}")
     how = "trainer.resume() continues this fit." if not t.dev_run else "A quick check: nothing to resume."
-    return FitStopped(f"Stopped {where} (step {s.step}" + (f" of {total}" if total else '') + f"). {how}",
-                      resumable=not t.dev_run)
+    where += f" (step {s.step}" + (f" of {total}" if total else '') + ")"
+    return FitStopped(f"Stopped {where}. {how}", resumable=not t.dev_run, where=where)
 
 def _interrupted(t, e: BaseException) -> BaseException:
     "A second press of the stop button: a `FitStopped` that says where, and that the fit can't be resumed."
