@@ -520,12 +520,8 @@ def _verdict(self: LRFindResult) -> str:
 
 # %% ../nbs/05_lr_find.ipynb #a013cdbb
 def _png(fig) -> bytes:
-    import io
-    from matplotlib.backends.backend_agg import FigureCanvasAgg
-    FigureCanvasAgg(fig)
-    buf = io.BytesIO()
-    fig.savefig(buf, format='png')
-    return buf.getvalue()
+    "The PNG of a `new_figure` (drawn as it shows itself in a notebook)."
+    return fig._repr_png_()[0]
 
 def _css_width(fig) -> int: return round(fig.get_size_inches()[0] * 100)   # as `new_figure` shows it
 
