@@ -23,7 +23,8 @@ at that LR, once per seed in SEEDS (the seed sets the initial weights, the shuff
 every LR), and take the mean of the final validation losses (inf if a run diverged). Per problem:
     NAME: pick P loss L, best grid loss G, ratio R; fastai valley V ratio F; spread S
 R = L / G and F (fastai's rule scored the same way, / G): lower is better. S: the largest over the smallest default
-pick of four lr_finds that differ only in the seed of the sweep's batches (0, 1, 2) or in the thread count (1, 2).
+pick of four lr_finds that differ only in the seed of the sweep's batches (0, 1, 2; `--sweep-seeds` for more) or in
+the thread count (1, 2).
 Details on indented lines: the sweep, the check's candidates and scores, the grid, every suggestion, the seed-to-seed
 spread of the losses (the ratios are only as precise as that), and the cost of lr_find (sweep and check) in
 optimizer steps as a fraction of one epoch, and in time against one training epoch. The table at the end has it all.
@@ -32,8 +33,9 @@ fastai's rule: on the sweep's smoothed losses (fastai's sweep is the same: 1e-7 
 with beta 0.98, a stop at 4x the best), without the first tenth and the last 5 points, the longest decreasing
 subsequence, and the point a third plus a sixth of the way along it (`valley_fastai_rule`).
 
-    .venv/bin/python bench/lr_find_quality.py                        # everything (about 15 minutes on 2 quiet cores)
-    .venv/bin/python bench/lr_find_quality.py --jobs 2               # two problems at a time
+    .venv/bin/python bench/lr_find_quality.py                        # everything (about 5 minutes on a quiet core)
+    .venv/bin/python bench/lr_find_quality.py --jobs 2               # two problems at a time (under 3 minutes)
+    .venv/bin/python bench/lr_find_quality.py --jobs 2 --sweep-seeds 6   # the stability over six batch seeds
     .venv/bin/python bench/lr_find_quality.py --quick --problems batch8,huber8   # one seed, no stability sweeps
 """
 import argparse, contextlib, math, multiprocessing, sys, time, warnings
@@ -326,7 +328,7 @@ def run1(name, seeds, stable):
     pick = res._lr(None)
     epoch = timed(trainer(p, 1e-3, SEEDS[0], valid=False).fit, 1)[1]
     nb = len(t.train_dl)
-    steps_check = len(res.check) * CHECK_STEPS
+    steps_check = sum(map(len, res.check_runs.values())) * CHECK_STEPS
     score = scorer(p, seeds)
     grid = [score(lr) for lr in GRID]
     G, best = min(grid), float(GRID[int(np.argmin(grid))])
@@ -342,12 +344,12 @@ def run1(name, seeds, stable):
     fv = valley_fastai_rule(res)
     F_ = score(fv) / G
     say(f"  {name} seed spread: pick {spread(score.runs[pick])}; best grid LR {best:.2e} {spread(score.runs[best])}")
-    say(f"  {name} cost: the sweep {len(res.lrs)} + the check {steps_check} steps (+ {len(res.check) + 1} evaluations) = "
+    say(f"  {name} cost: the sweep {len(res.lrs)} + the check {steps_check} steps (+ {sum(map(len, res.check_runs.values())) + 1} evaluations) = "
         f"{(len(res.lrs) + steps_check) / nb:.1f} epochs of steps ({steps_check / nb:.1f} for the check); lr_find took "
         f"{took:.1f}s, one training epoch {epoch:.2f}s: {took / epoch:.1f}x")
     sp = math.nan
-    if stable:
-        picks = {'seed0 1thr': pick, 'seed1': pick_of(p, 1), 'seed2': pick_of(p, 2), 'seed0 2thr': pick_of(p, 0, 2)}
+    if stable:   # `stable`: how many batch seeds (0, 1, ...), beside seed 0 on 2 threads
+        picks = {'seed0 1thr': pick, **{f'seed{s}': pick_of(p, s) for s in range(1, stable)}, 'seed0 2thr': pick_of(p, 0, 2)}
         sp = max(picks.values()) / min(picks.values())
         say(f"  {name} stability: " + ', '.join(f"{k} {v:.2e}" for k, v in picks.items()) + f": spread {sp:.2f}x")
     say(f"{name}: pick {pick:.2e} loss {L:.4f}, best grid loss {G:.4f}, ratio {L / G:.3f}; fastai valley {fv:.2e} "
@@ -367,7 +369,7 @@ def main(names, seeds, stable, jobs):
         for n, (lines, row) in zip(names, results):   # in order, each as soon as it is done
             print('\n'.join(lines), flush=True)
             if row is not None: rows[n] = row
-    print(f"\n| problem | ratio | fastai valley | pick spread (batch seeds 0-2, 1 vs 2 threads) | lr_find cost in epochs "
+    print(f"\n| problem | ratio | fastai valley | pick spread (batch seeds 0-{max(stable, 1) - 1}, 1 vs 2 threads) | lr_find cost in epochs "
           "of steps (sweep + check) | the check alone | lr_find time / epoch time |")
     print("|---|---|---|---|---|---|---|")
     for part, keep in (("designed on", lambda n: n not in HELD_OUT), ("held out", lambda n: n in HELD_OUT)):
@@ -381,8 +383,11 @@ if __name__ == '__main__':
     ap.add_argument('--problems', default=','.join(PROBLEMS), help='comma-separated names (default: all)')
     ap.add_argument('--quick', action='store_true', help='one seed per LR, no stability sweeps')
     ap.add_argument('--jobs', type=int, default=1, help='problems run side by side (processes)')
+    ap.add_argument('--sweep-seeds', type=int, default=3, help="the stability: lr_finds with the sweep's batches from "
+                    "seeds 0 to this - 1 (and seed 0 on 2 threads)")
     a = ap.parse_args()
     names = [n for n in a.problems.split(',') if n]
     unknown = [n for n in names if n not in PROBLEMS]
     if unknown: sys.exit(f"unknown problems {unknown}: choose from {list(PROBLEMS)}")
-    main(names, SEEDS[:1] if a.quick else SEEDS, not a.quick, a.jobs)
+    if a.sweep_seeds < 1: sys.exit("--sweep-seeds must be at least 1")
+    main(names, SEEDS[:1] if a.quick else SEEDS, 0 if a.quick else a.sweep_seeds, a.jobs)

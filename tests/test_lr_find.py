@@ -13,8 +13,8 @@ from torch.utils.data import DataLoader, TensorDataset
 
 from trainer_nb.base import Hook, LossLog
 from trainer_nb.core import Trainer
-from trainer_nb.lr_find import (LRFindResult, LRFindWarning, MIN_POINTS, read_sweep, suggest, suggest_sweep,
-                                suggest_valley, suggest_steep, suggest_minimum, suggest_slide)
+from trainer_nb.lr_find import (CHECK_BELOW, CHECK_GRID, LRFindResult, LRFindWarning, MIN_POINTS, _bottom, read_sweep,
+                                suggest, suggest_sweep, suggest_valley, suggest_steep, suggest_minimum, suggest_slide)
 
 pytestmark = pytest.mark.usefixtures('fresh_accelerate')
 ROOT = Path(__file__).resolve().parents[1]
@@ -160,8 +160,9 @@ def test_scheduler_is_off_during_the_sweep_and_restored():
     res = t.lr_find(show=False, num_it=20)
     n = len(res.lrs)
     assert seen[:n] == res.lrs                               # the finder's LRs, not the one-cycle's
-    assert len(seen) == n + 40 * len(res.check)              # then the check's trials, also at their own LRs
-    assert [max(seen[n + 40 * i:n + 40 * (i + 1)]) for i in range(len(res.check))] == pytest.approx(list(res.check))
+    runs = trial_lrs(res)
+    assert len(seen) == n + 40 * len(runs)                   # then the check's trials, also at their own LRs
+    assert [max(seen[n + 40 * i:n + 40 * (i + 1)]) for i in range(len(runs))] == pytest.approx(runs)
     assert t.scheduler is s0 and t.scheduler.state_dict() == sd0
     noting.remove()
     t.fit(1)
@@ -272,7 +273,7 @@ def test_param_groups_keep_their_ratio():
     t = make(opt_func=two_groups)
     note_step_lrs(t, seen, groups=True)
     res = t.lr_find(show=False, num_it=20)
-    assert len(seen) == len(res.lrs) + 40 * len(res.check)          # the sweep, then the check's trials
+    assert len(seen) == len(res.lrs) + 40 * len(trial_lrs(res))     # the sweep, then the check's trials
     assert all(math.isclose(a / b, 10) for a, b in seen)            # both keep the groups' ratio
     assert [a for a, _ in seen[:len(res.lrs)]] == pytest.approx(res.lrs)
     assert [g['lr'] for g in t.opt.param_groups] == [1e-2, 1e-3]
@@ -522,7 +523,7 @@ dtypes = []
 t.unwrapped_model[0].register_forward_hook(lambda m, i, o: dtypes.append(o.dtype))
 torch.manual_seed(1); t.fit(1); w0 = weights(t); torch.manual_seed(2)
 res = t.lr_find(num_it=30, show=False, check=10)
-n, c = len(res.lrs), 10 * len(res.check)   # the sweep's steps, then the check's: 10 steps a candidate
+n, c = len(res.lrs), 10 * sum(map(len, res.check_runs.values()))   # the sweep's steps, then the check's: 10 a run
 assert len(res.check) >= 2 and len(batches) == 16 + 2 * (n + c) and len(seen) == 8 + n + c, (len(batches), len(seen), n)
 sweep = seen[8:8 + n]
 assert sweep == res.lrs
@@ -802,26 +803,59 @@ def huber_trainer(seed=0):
                    default_hooks=False, cpu=True)
 
 
+def trial_lrs(res) -> list[float]:
+    "The LR of each of the check's trials, in the order they ran: each candidate's runs one after another."
+    return [lr for lr, runs in res.check_runs.items() for _ in runs]
+
+
 def test_the_check_trains_candidates_from_one_state_and_keeps_the_best():
-    """The candidates lie on the half-decade grid around the valley, each scored by the same batches; the pick lies
-    between the smallest candidate and the best one; the trainer is left exactly as it was."""
+    """The candidates lie on the half-decade grid around the valley, then a quarter decade either side of the best;
+    each runs 3 times, run i of every candidate on the same batches and each run on other batches than the others; the
+    pick lies a little below the bottom of the scores, near the best; the trainer is left exactly as it was."""
     t = huber_trainer(); seed_all()
     w0 = weights(t)
-    seen = []
+    seen, ys = [], []
     hook = note_step_lrs(t, seen)
+    loss = t.loss_func
+    t.loss_func = lambda p, y: (ys.append(y.sum().item()), loss(p, y))[1]   # which batch each step trains on
     res = t.lr_find(show=False)
     hook.remove()
+    t.loss_func = loss
     assert same(weights(t), w0) and t.state.step == 0
-    ks = sorted(round(2 * math.log10(lr)) for lr in res.check)
-    assert ks == list(range(ks[0], ks[0] + len(ks))) and 2 <= len(ks) <= 6          # consecutive grid points
-    assert all(lr == pytest.approx(10 ** (k / 2)) for lr, k in zip(sorted(res.check), ks))
-    assert len(seen) == len(res.lrs) + 40 * len(res.check)                              # 40 steps a candidate
-    trials = [seen[len(res.lrs) + 40 * i:len(res.lrs) + 40 * (i + 1)] for i in range(len(res.check))]
-    assert [max(tr) for tr in trials] == pytest.approx(list(res.check))                 # each peaks at its LR
+    ks = [round(4 * math.log10(lr)) for lr in res.check]               # in quarter decades, in the order run
+    grid = [k for k in ks if k % 2 == 0]
     best = min(res.check, key=res.check.get)
+    kb = round(4 * math.log10(best))
+    assert sorted(grid[:4]) == list(range(min(grid[:4]), max(grid[:4]) + 1, 2))    # consecutive grid points first
+    assert ks[-2:] == [kb - 1, kb + 1] and len(ks) == len(set(ks)) <= 8             # then the two either side of the best
+    assert all(lr == pytest.approx(10 ** (k / 4)) for lr, k in zip(res.check, ks))
+    assert all(len(r) == 3 for r in res.check_runs.values())                         # three runs each (none diverged)
+    assert all(res.check[lr] == pytest.approx(np.mean(r)) for lr, r in res.check_runs.items())
+    runs = trial_lrs(res)
+    n = len(res.lrs)
+    assert len(seen) == n + 40 * len(runs)                                           # 40 steps a run
+    assert [max(seen[n + 40 * i:n + 40 * (i + 1)]) for i in range(len(runs))] == pytest.approx(runs)   # each at its LR
+    trials = [ys[n + 40 * i:n + 40 * (i + 1)] for i in range(len(runs))]            # (a loss per step: batch 8, no accum)
+    by_run = [trials[i::3] for i in range(3)]
+    assert all(tr == by_run[i][0] for i in range(3) for tr in by_run[i])             # run i: the same batches for all
+    assert by_run[0][0] == ys[:40] and by_run[1][0] != by_run[0][0] != by_run[2][0] != by_run[1][0]
     assert res.default == 'checked' and res.reliable and res.apply() == res.checked == t.lr
-    assert min(res.check) <= res.checked <= best
-    assert 'picked' in res.verdict and res.verdict in res.summary()
+    off = math.log10(res.checked) - math.log10(best) + CHECK_BELOW                   # the bottom, against the best
+    assert abs(off) <= CHECK_GRID + 0.01
+    assert 'picked' in res.verdict and '(3 runs each)' in res.verdict and res.verdict in res.summary()
+
+
+def test_the_bottom_of_the_scores():
+    "A parabola's vertex in log score; the best point where it opens downwards or has too few points; kept within."
+    xs = [-3.0, -2.5, -2.0, -1.75, -1.5]
+    assert _bottom(xs, [math.exp((x + 1.9) ** 2) for x in xs]) == pytest.approx(-1.9)
+    assert _bottom(xs, [(x + 1.9) ** 2 - 0.05 for x in xs]) == pytest.approx(-1.9)   # a score <= 0: the scores
+    near = [-0.5, 0.0, 0.25]                                                  # the points within half a decade
+    a2, a1, _ = np.polyfit(near, np.log([0.5, 0.3, 0.9]), 2)
+    assert _bottom(xs, [1.0, 0.5, 0.3, 0.31, 0.29]) == pytest.approx(-1.5)   # no point above the best: kept within
+    assert _bottom(xs, [1.0, 0.5, 0.3, 0.9, math.inf]) == pytest.approx(-2.0 - a1 / (2 * a2))
+    assert _bottom([-2.0, -1.5], [0.3, 0.4]) == -2.0                          # too few points: the best
+    assert _bottom(xs, [0.5, 0.4, 0.3, 0.2, 0.3]) == pytest.approx(-1.75)   # symmetric around the best
 
 
 def test_the_check_pick_trains_as_well_as_a_grid():

@@ -8,13 +8,14 @@ import math, sys, time, warnings
 from dataclasses import dataclass, field
 
 # %% auto #0
-__all__ = ['MIN_POINTS', 'SUGGESTIONS', 'START_CUT', 'NOISE_Z', 'MIN_READ', 'CHECK_STEPS', 'CHECK_GRID', 'CHECK_MORE',
-           'CHECK_LEVEL', 'SLIDER_STEP', 'suggest_minimum', 'suggest_steep', 'suggest_valley', 'suggest_slide',
-           'suggest', 'SweepReading', 'read_sweep', 'suggest_sweep', 'LRFindWarning', 'LRFindResult', 'LRFindWidget']
+__all__ = ['MIN_POINTS', 'SUGGESTIONS', 'START_CUT', 'NOISE_Z', 'MIN_READ', 'CHECK_STEPS', 'CHECK_RUNS', 'CHECK_GRID',
+           'CHECK_MORE', 'CHECK_BELOW', 'SLIDER_STEP', 'suggest_minimum', 'suggest_steep', 'suggest_valley',
+           'suggest_slide', 'suggest', 'SweepReading', 'read_sweep', 'suggest_sweep', 'LRFindWarning', 'LRFindResult',
+           'LRFindWidget']
 
 # %% ../nbs/05_lr_find.ipynb #82eecdd7
 import numpy as np
-from .base import CancelFit, Hook, LossLog, Smoother, check_idle
+from .base import CancelBatch, CancelFit, Hook, LossLog, Smoother, check_idle
 from .recorder import new_figure
 
 # %% ../nbs/05_lr_find.ipynb #ee9e32a9
@@ -199,13 +200,20 @@ def suggest_sweep(reading: SweepReading, methods=tuple(SUGGESTIONS)) -> tuple[di
 
 # %% ../nbs/05_lr_find.ipynb #407d5c78
 class _Sweep(Hook):
-    "Private hook of `lr_find`: sets the LR before each optimizer step, records the loss after it, stops the sweep."
-    def __init__(self, lrs: list[float], ratios: list[float], beta: float, div: float, bar=None):
-        self.sched, self.ratios, self.div, self.bar = lrs, ratios, div, bar
+    """Private hook of `lr_find`: sets the LR before each optimizer step, records the loss after it, stops the sweep.
+    `skip`: batches to pass over first, untrained (a check's repeat runs on the batches after its first run's)."""
+    def __init__(self, lrs: list[float], ratios: list[float], beta: float, div: float, bar=None, skip: int = 0):
+        self.sched, self.ratios, self.div, self.bar, self.skip = lrs, ratios, div, bar, skip
         self.lrs, self.raw, self.smooth, self.smoother = [], [], [], Smoother(beta)
         self.best, self.acc, self.n, self.stop, self.epoch_points = math.inf, None, 0, None, 0
 
     def before_epoch(self): self.epoch_points = 0
+
+    def before_batch(self):
+        if self.skip:
+            self.skip -= 1
+            self.epoch_points += 1   # (the loader yields: an epoch of passed-over batches is not an empty one)
+            raise CancelBatch()
 
     def before_step(self):
         lr = self.sched[len(self.lrs)]
@@ -250,10 +258,11 @@ class _Sweep(Hook):
         raise CancelFit()
 
 # %% ../nbs/05_lr_find.ipynb #de375901
-CHECK_STEPS = 40    # optimizer steps per candidate of the check
-CHECK_GRID = 0.5    # candidates lie on the LRs 10**(k * CHECK_GRID)
-CHECK_MORE = 2      # at most this many candidates beyond the first four, when the best is at an end
-CHECK_LEVEL = 0.95  # the pick: the smallest LR whose trial gets 95% of the way from the start level to the best
+CHECK_STEPS = 40    # optimizer steps per run of a candidate of the check
+CHECK_RUNS = 3      # runs per candidate, each on other batches: its score is their mean
+CHECK_GRID = 0.5    # candidates lie on the LRs 10**(k * CHECK_GRID), then a half step either side of the best
+CHECK_MORE = 2      # at most this many grid points beyond the first four, while the best is at an end
+CHECK_BELOW = 0.15  # the pick: this many decades below the bottom of the trials' loss curve
 
 def _trial_sched(lr: float, n: int) -> list[float]:
     "The LRs of a trial of `n` steps at `lr`: warm up from lr/10 over a quarter, then cosine down to lr/100."
@@ -263,13 +272,13 @@ def _trial_sched(lr: float, n: int) -> list[float]:
     return up + [lr * (0.01 + 0.99 * (1 + math.cos(math.pi * i / k)) / 2) for i in range(n - w)]
 
 def _run(trainer, sweep: _Sweep, steps: int, valid=None) -> float | None:
-    """Train with `sweep` as the only hook for `steps` optimizer steps (or until it stops), then the loss on `valid`
-    (if given and the trial ran to its end), then rewind everything."""
+    """Train with `sweep` as the only hook for `steps` optimizer steps (or until it stops), after the `sweep.skip`
+    batches it passes over, then the loss on `valid` (if given and the trial ran to its end), then rewind everything."""
     try: n = len(trainer.train_loader)
     except TypeError: n = 0
     with trainer.temporary(hooks=[sweep], rewind=True, losses=LossLog(), valid_dl=None, scheduler_func=None,
                            sync_every=sys.maxsize):
-        if steps: trainer.fit(math.ceil(steps * trainer.grad_accum / n) + 1 if n else sys.maxsize)
+        if steps: trainer.fit(math.ceil((steps * trainer.grad_accum + sweep.skip) / n) + 1 if n else sys.maxsize)
         if valid is not None and sweep.stop in ('done', None):
             return float(trainer.evaluate(valid)['valid_loss'])
     return None
@@ -296,52 +305,64 @@ def _fell(base, tail) -> bool:
     sd = max(_noise(base) if len(base) >= 5 else 0.0, float(np.std(tail)))
     return float(tail.mean()) < float(np.median(base)) - 3 * sd * math.sqrt(1 / m + 1 / len(base))
 
-def _level_lr(xs, ys, level: float) -> float:
-    "The first log LR (going up) at which the scores `ys` reach `level`, interpolated linearly between candidates."
-    i = next(j for j, y in enumerate(ys) if y <= level)
-    if i == 0: return xs[0]
-    f = (ys[i - 1] - level) / (ys[i - 1] - ys[i]) if math.isfinite(ys[i - 1]) else 1.0
-    return xs[i - 1] + f * (xs[i] - xs[i - 1])
+def _bottom(xs, ys) -> float:
+    """The bottom of the scores `ys` at log LRs `xs`: the vertex of a least-squares parabola through the log of the
+    scores (the scores themselves if one is <= 0) within `CHECK_GRID` of the best, kept within those points; the best
+    point itself when fewer than three are finite there or the parabola does not open upwards."""
+    xs, ys = np.asarray(xs, float), np.asarray(ys, float)
+    b = xs[int(np.argmin(ys))]
+    near = np.isfinite(ys) & (np.abs(xs - b) <= CHECK_GRID + 1e-9)
+    x, y = xs[near] - b, ys[near]
+    if len(x) < 3: return float(b)
+    if (y > 0).all(): y = np.log(y)
+    a2, a1, _ = np.linalg.lstsq(np.c_[x * x, x, np.ones_like(x)], y, rcond=None)[0]
+    if a2 <= 0: return float(b)
+    return float(b + min(max(-a1 / (2 * a2), x.min()), x.max()))
 
 # %% ../nbs/05_lr_find.ipynb #1215a3ba
-def _check(trainer, res, ratios, steps: int, bar=None) -> tuple[dict, float | None]:
-    "`({candidate lr: score}, pick or None)`: train each candidate for `steps` steps from the same state; see above."
+def _check(trainer, res, ratios, steps: int, bar=None) -> tuple[dict, dict, float | None]:
+    """`({candidate lr: score}, {candidate lr: [score of each run]}, pick or None)`: train each candidate `CHECK_RUNS`
+    times for `steps` steps from the same state; see above."""
     r = res.reading
     lo = r.bounds[0]
     hi = r.diverged / 10 ** (CHECK_GRID / 2) if r.diverged else r.lrs[-1]
-    centre = round(math.log10(suggest_sweep(r, ('valley',))[0]['valley']) / CHECK_GRID)
-    ok = lambda k: lo * (1 - 1e-9) <= 10 ** (k * CHECK_GRID) <= hi * (1 + 1e-9)
-    ks = [k for k in range(centre - 2, centre + 2) if ok(k)] or [math.floor(math.log10(hi) / CHECK_GRID)]
-    scores, tails, m = {}, {}, max(2, steps // 3)
+    h = CHECK_GRID / 2   # candidate j is the LR 10**(j * h): the grid's points are the even j
+    centre = 2 * round(math.log10(suggest_sweep(r, ('valley',))[0]['valley']) / CHECK_GRID)
+    ok = lambda j: lo * (1 - 1e-9) <= 10 ** (j * h) <= hi * (1 + 1e-9)
+    js = [j for j in range(centre - 4, centre + 4, 2) if ok(j)] or [2 * math.floor(math.log10(hi) / CHECK_GRID)]
+    runs, tails, m = {}, {}, max(2, steps // 3)
     base = _base(res.raw_losses, steps, m)
     valid = trainer.valid_dl
     start = float(base.mean()) if len(base) else math.inf
     if valid is not None: start = _run(trainer, _Sweep([], ratios, 0.0, math.inf), 0, valid)   # before training
-    def score(k):
-        if k not in scores:
-            sweep = _Sweep(_trial_sched(10 ** (k * CHECK_GRID), steps), ratios, 0.0, math.inf, bar)
-            v = _run(trainer, sweep, steps, valid)
-            tails[k] = sweep.raw[-m:] if sweep.stop == 'done' else [math.inf]
-            ok_ = all(map(math.isfinite, tails[k])) and (v is None or math.isfinite(v))
-            scores[k] = (float(np.mean(tails[k])) if valid is None else v) if ok_ else math.inf
-        return scores[k]
-    def level():   # the score at CHECK_LEVEL of the way from the start to the best
-        best = min(scores.values())
-        return best + (1 - CHECK_LEVEL) * (start - best) if start > best else best
-    for k in ks: score(k)
-    for _ in range(CHECK_MORE):   # one more grid point where the best, or the level, may lie beyond the candidates
-        best = min(scores, key=scores.get)
-        if not math.isfinite(scores[best]): break
-        k = best + 1 if best == max(scores) else min(scores) - 1 if scores[min(scores)] <= level() else None
-        if k is None or not ok(k): break
-        score(k)
-    ks = sorted(scores)
-    ys = [scores[k] for k in ks]
-    i = int(np.argmin(ys))
-    found = math.isfinite(ys[i]) and _fell(base, tails[ks[i]])
+    def score(j):
+        if j not in runs:
+            runs[j] = []
+            for i in range(CHECK_RUNS):   # run i: on the batches after the first i runs' (passed over)
+                sweep = _Sweep(_trial_sched(10 ** (j * h), steps), ratios, 0.0, math.inf, bar,
+                               skip=i * steps * trainer.grad_accum)
+                v = _run(trainer, sweep, steps, valid)
+                tail = sweep.raw[-m:] if sweep.stop == 'done' else [math.inf]
+                if i == 0: tails[j] = tail
+                fin = all(map(math.isfinite, tail)) and (v is None or math.isfinite(v))
+                runs[j].append((float(np.mean(tail)) if valid is None else v) if fin else math.inf)
+                if not fin: break   # diverged: no need to see it again
+        return float(np.mean(runs[j]))
+    for j in js: score(j)
+    for _ in range(CHECK_MORE):   # the best at an end: one more grid point beyond it
+        best = min(runs, key=score)
+        if not math.isfinite(score(best)): break
+        j = best + 2 if best == max(runs) else best - 2 if best == min(runs) else None
+        if j is None or not ok(j): break
+        score(j)
+    best = min(runs, key=score)
+    found = math.isfinite(score(best)) and _fell(base, tails[best])
+    if found:
+        for j in (best - 1, best + 1):   # the quarter-decade points either side of the best
+            if ok(j): score(j)
     res.check_start = start
-    pick = 10 ** _level_lr([k * CHECK_GRID for k in ks], ys, level()) if found else None
-    return {10 ** (k * CHECK_GRID): v for k, v in scores.items()}, pick
+    pick = 10 ** (_bottom([j * h for j in runs], [score(j) for j in runs]) - CHECK_BELOW) if found else None
+    return {10 ** (j * h): score(j) for j in runs}, {10 ** (j * h): runs[j] for j in runs}, pick   # in the order run
 
 # %% ../nbs/05_lr_find.ipynb #fec702d5
 _MARKERS = {'valley': ('o', 'tab:red'), 'steep': ('v', 'tab:green'), 'minimum': ('s', 'tab:purple'),
@@ -427,7 +448,8 @@ class LRFindResult(_ResultPlot):
     reason: str = ''                    # why it is not reliable, and what to change
     fallback: float | None = None       # the safe pick when it is not: a tenth of the largest LR before the loss rises
     reading: SweepReading | None = None  # the curve the rules read (see `read_sweep`)
-    check: dict = field(default_factory=dict)  # the check: {candidate LR: its score (mean loss of its last steps)}
+    check: dict = field(default_factory=dict)  # the check: {candidate LR: its score (the mean of its runs')}, as run
+    check_runs: dict = field(default_factory=dict)  # {candidate LR: [the score of each of its runs]}
     checked: float | None = None        # the check's pick: the default when there is one (see "The check")
     check_start: float | None = None    # the check's score of the model before training (what the trials start from)
     _widget: object = field(default=None, init=False)
@@ -498,9 +520,10 @@ def _verdict(self: LRFindResult) -> str:
     if self.check:
         best = min(self.check.values())
         lo, hi = _lr_text(min(self.check)), _lr_text(max(self.check))
-        checked = (f"a check of {len(self.check)} LRs from {lo} to {hi} " +
-                   (f"picked {_lr_text(self.checked)} (the default), the smallest LR that gets {CHECK_LEVEL:.0%} of "
-                    "the way to the best trial." if self.checked is not None else
+        runs = max(map(len, self.check_runs.values()), default=1)
+        checked = (f"a check of {len(self.check)} LRs from {lo} to {hi} ({runs} run{'s' * (runs > 1)} each) " +
+                   (f"picked {_lr_text(self.checked)} (the default), a little below the bottom of the trials' loss "
+                    "curve." if self.checked is not None else
                     f"took the loss from {self.check_start:.4g} to {best:.4g} at best, no clearer than the scatter "
                     "between batches: neither the sweep nor the check saw an LR that trains. Check that the model "
                     "can learn at all (its output, the loss function, the labels), or with a very noisy loss raise "
@@ -731,8 +754,8 @@ def lr_find(trainer, start_lr: float = 1e-7, end_lr: float = 10, num_it: int = 1
             div: float = 4., show: bool = True, suggest_funcs=None, check: int = CHECK_STEPS) -> LRFindResult:
     """`trainer.lr_find(...)` (`trainer`: a `Trainer`): sweep the LR exponentially from `start_lr` to `end_lr` over
     `num_it` optimizer steps, restore everything and suggest LRs (`suggest_funcs`: names from `SUGGESTIONS`, or
-    `name -> func`; None: all); then train a few candidates for `check` steps each (0: no check) and make the best
-    the default. A sweep that stops before `MIN_POINTS` usable steps raises a `ValueError` whose `result` holds the
+    `name -> func`; None: all); then train a few candidates for `check` steps each, `CHECK_RUNS` times (0: no check),
+    and make an LR a little below the bottom of their losses the default. A sweep that stops before `MIN_POINTS` usable steps raises a `ValueError` whose `result` holds the
     curve so far."""
     self = trainer
     if suggest_funcs is None: suggest_funcs = tuple(SUGGESTIONS)
@@ -774,8 +797,8 @@ def lr_find(trainer, start_lr: float = 1e-7, end_lr: float = 10, num_it: int = 1
         raise
     if check and not isinstance(suggest_funcs, dict):
         cbar = None
-        if show and main: cbar = _progress_bar((4 + CHECK_MORE) * check, 'lr_find check')
-        try: res.check, res.checked = _check(self, res, ratios, check, cbar)
+        if show and main: cbar = _progress_bar((6 + CHECK_MORE) * CHECK_RUNS * check, 'lr_find check')
+        try: res.check, res.check_runs, res.checked = _check(self, res, ratios, check, cbar)
         finally:
             if cbar is not None:
                 cbar.total = cbar.n
