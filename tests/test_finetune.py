@@ -84,6 +84,11 @@ def test_lr_forms():
     for bad, msg in ((slice(0, 1e-2), 'positive'), ([1e-3, 1e-2], '2 values for 3'), (slice(1, 2, 3), 'no step')):
         with pytest.raises(ValueError, match=msg): t.lr = bad
     assert t.lrs == pytest.approx([1e-4, 1e-3, 1e-2])   # a refused value changes nothing
+    one = make()
+    for before, lr in ((0.0271, 0.026), (3.3e-3, 1e-2), (0.1, 7e-3)):   # set exactly: not 0.025999999999999995
+        one.lr = before
+        one.lr = lr
+        assert one.lr == lr and one.opt.param_groups[0]['lr'] == lr
 
 
 @pytest.mark.filterwarnings('ignore:lr_find')   # a short sweep: no reliable suggestion

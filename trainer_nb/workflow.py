@@ -40,8 +40,8 @@ def group_lrs(lr, lrs: list[float]) -> list[float]:
         if len(lr) != n: raise ValueError(f"lr has {len(lr)} values for {n} parameter groups: give one per group")
         return _positive(list(lr), lr)
     if not (isinstance(lr, (int, float)) and lr > 0): raise ValueError(f"lr must be a positive number, got {lr!r}")
-    scale = lr / max(lrs)
-    return [b * scale for b in lrs]
+    top = max(lrs)
+    return [lr * (b / top) for b in lrs]   # (the fastest group gets `lr` itself, to the last bit)
 
 # %% ../nbs/15_workflow.ipynb #4b0e8136
 def _matches(name: str, prefix: str) -> bool:
