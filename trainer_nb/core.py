@@ -565,7 +565,7 @@ class Trainer:
                 div: float = 4.,         # stop when the smoothed loss exceeds div times its best
                 show: bool = True,       # draw the curve and the suggestions (in a notebook: the widget)
                 suggest_funcs: Sequence | Mapping | None = None,  # names from `SUGGESTIONS` or {name: func}; None: all
-                check: int = 40):        # steps each candidate LR trains for, the best made the default (0: no check)
+                check: int = 40):        # steps a run of each candidate LR trains (3 runs); 0: no check
         """Sweep the LR and suggest one, then check a few candidates for `check` steps each, leaving the trainer as it
         was: an `LRFindResult` (see `trainer_nb.lr_find`)."""
         return lr_find(self, start_lr, end_lr, num_it, beta, div, show, suggest_funcs, check)

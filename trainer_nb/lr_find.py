@@ -755,8 +755,8 @@ def lr_find(trainer, start_lr: float = 1e-7, end_lr: float = 10, num_it: int = 1
     """`trainer.lr_find(...)` (`trainer`: a `Trainer`): sweep the LR exponentially from `start_lr` to `end_lr` over
     `num_it` optimizer steps, restore everything and suggest LRs (`suggest_funcs`: names from `SUGGESTIONS`, or
     `name -> func`; None: all); then train a few candidates for `check` steps each, `CHECK_RUNS` times (0: no check),
-    and make an LR a little below the bottom of their losses the default. A sweep that stops before `MIN_POINTS` usable steps raises a `ValueError` whose `result` holds the
-    curve so far."""
+    and make an LR a little below the bottom of their losses the default. A sweep that stops before `MIN_POINTS`
+    usable steps raises a `ValueError` whose `result` holds the curve so far."""
     self = trainer
     if suggest_funcs is None: suggest_funcs = tuple(SUGGESTIONS)
     if not (0 < start_lr < end_lr): raise ValueError(f"Need 0 < start_lr < end_lr, got {start_lr!r} and {end_lr!r}")
