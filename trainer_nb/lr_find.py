@@ -325,7 +325,7 @@ def _check(trainer, res, ratios, steps: int, bar=None) -> tuple[dict, dict, floa
     times for `steps` steps from the same state; see above."""
     r = res.reading
     lo = r.bounds[0]
-    hi = r.diverged / 10 ** (CHECK_GRID / 2) if r.diverged else r.lrs[-1]
+    hi = r.diverged if r.diverged else r.lrs[-1]
     h = CHECK_GRID / 2   # candidate j is the LR 10**(j * h): the grid's points are the even j
     centre = 2 * round(math.log10(suggest_sweep(r, ('valley',))[0]['valley']) / CHECK_GRID)
     ok = lambda j: lo * (1 - 1e-9) <= 10 ** (j * h) <= hi * (1 + 1e-9)
