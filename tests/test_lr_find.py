@@ -901,6 +901,18 @@ def test_no_check_leaves_the_curve_default():
         with pytest.raises(ValueError, match='check must be 0'): t.lr_find(show=False, check=bad)
 
 
+def test_runs_sets_the_runs_of_each_candidate():
+    t = make(); seed_all()
+    seen = []
+    note_step_lrs(t, seen)
+    res = t.lr_find(show=False, num_it=40, check=5, runs=1)
+    assert res.check_runs and all(len(r) == 1 for r in res.check_runs.values())
+    assert res.check == {lr: r[0] for lr, r in res.check_runs.items()}
+    assert len(seen) == len(res.lrs) + 5 * len(res.check) and '(1 run each)' in res.verdict
+    for bad in (0, -1, 1.5, True):
+        with pytest.raises(ValueError, match='runs must be an int >= 1'): t.lr_find(show=False, runs=bad)
+
+
 def test_random_labels_nothing_trains_and_the_message_says_so():
     "Labels independent of the inputs: neither the sweep nor the check lowers the loss; the default is the fallback."
     g = torch.Generator().manual_seed(0)

@@ -320,8 +320,8 @@ def _bottom(xs, ys) -> float:
     return float(b + min(max(-a1 / (2 * a2), x.min()), x.max()))
 
 # %% ../nbs/05_lr_find.ipynb #1215a3ba
-def _check(trainer, res, ratios, steps: int, bar=None) -> tuple[dict, dict, float | None]:
-    """`({candidate lr: score}, {candidate lr: [score of each run]}, pick or None)`: train each candidate `CHECK_RUNS`
+def _check(trainer, res, ratios, steps: int, n_runs: int = CHECK_RUNS, bar=None) -> tuple[dict, dict, float | None]:
+    """`({candidate lr: score}, {candidate lr: [score of each run]}, pick or None)`: train each candidate `n_runs`
     times for `steps` steps from the same state; see above."""
     r = res.reading
     lo = r.bounds[0]
@@ -338,7 +338,7 @@ def _check(trainer, res, ratios, steps: int, bar=None) -> tuple[dict, dict, floa
     def score(j):
         if j not in runs:
             runs[j] = []
-            for i in range(CHECK_RUNS):   # run i: on the batches after the first i runs' (passed over)
+            for i in range(n_runs):   # run i: on the batches after the first i runs' (passed over)
                 sweep = _Sweep(_trial_sched(10 ** (j * h), steps), ratios, 0.0, math.inf, bar,
                                skip=i * steps * trainer.grad_accum)
                 v = _run(trainer, sweep, steps, valid)
@@ -751,10 +751,11 @@ def _read_into(res: LRFindResult, methods):
     res.suggestions, res.reading, res.reliable, res.reason, res.fallback = sugg, r, r.reliable, r.reason, fallback
 
 def lr_find(trainer, start_lr: float = 1e-7, end_lr: float = 10, num_it: int = 100, beta: float = 0.98,
-            div: float = 4., show: bool = True, suggest_funcs=None, check: int = CHECK_STEPS) -> LRFindResult:
+            div: float = 4., show: bool = True, suggest_funcs=None, check: int = CHECK_STEPS,
+            runs: int = CHECK_RUNS) -> LRFindResult:
     """`trainer.lr_find(...)` (`trainer`: a `Trainer`): sweep the LR exponentially from `start_lr` to `end_lr` over
     `num_it` optimizer steps, restore everything and suggest LRs (`suggest_funcs`: names from `SUGGESTIONS`, or
-    `name -> func`; None: all); then train a few candidates for `check` steps each, `CHECK_RUNS` times (0: no check),
+    `name -> func`; None: all); then train a few candidates for `check` steps each, `runs` times (`check=0`: no check),
     and make an LR a little below the bottom of their losses the default. A sweep that stops before `MIN_POINTS`
     usable steps raises a `ValueError` whose `result` holds the curve so far."""
     self = trainer
@@ -767,6 +768,8 @@ def lr_find(trainer, start_lr: float = 1e-7, end_lr: float = 10, num_it: int = 1
     if not div > 1: raise ValueError(f"div must be > 1, got {div!r}")
     if not (isinstance(check, int) and not isinstance(check, bool) and (check == 0 or check >= 3)):
         raise ValueError(f"check must be 0 (no check) or an int >= 3 (steps per candidate), got {check!r}")
+    if not (isinstance(runs, int) and not isinstance(runs, bool) and runs >= 1):
+        raise ValueError(f"runs must be an int >= 1 (runs of each candidate of the check), got {runs!r}")
     check_idle(self, "run lr_find")
     if self.manual:
         raise ValueError("lr_find can't sweep a trainer with manual=True: its train_step steps the optimizers itself. "
@@ -797,8 +800,8 @@ def lr_find(trainer, start_lr: float = 1e-7, end_lr: float = 10, num_it: int = 1
         raise
     if check and not isinstance(suggest_funcs, dict):
         cbar = None
-        if show and main: cbar = _progress_bar((6 + CHECK_MORE) * CHECK_RUNS * check, 'lr_find check')
-        try: res.check, res.check_runs, res.checked = _check(self, res, ratios, check, cbar)
+        if show and main: cbar = _progress_bar((6 + CHECK_MORE) * runs * check, 'lr_find check')
+        try: res.check, res.check_runs, res.checked = _check(self, res, ratios, check, runs, cbar)
         finally:
             if cbar is not None:
                 cbar.total = cbar.n
