@@ -315,7 +315,7 @@ def _bottom(xs, ys) -> float:
     x, y = xs[near] - b, ys[near]
     if len(x) < 3: return float(b)
     if (y > 0).all(): y = np.log(y)
-    a2, a1, _ = np.linalg.lstsq(np.c_[x * x, x, np.ones_like(x)], y, rcond=None)[0]
+    a2, a1, _ = np.polyfit(x, y, 2)
     if a2 <= 0: return float(b)
     return float(b + min(max(-a1 / (2 * a2), x.min()), x.max()))
 
