@@ -336,7 +336,8 @@ def run1(name, seeds, stable):
         f"sweep {len(res.lrs)} steps from {res.lrs[0]:.0e} to {res.lrs[-1]:.2e}, stopped: {res.stop_reason}")
     say(f"  {name} verdict: {res.verdict}")
     say(f"  {name} check (valid loss after {CHECK_STEPS} steps): "
-        + ' '.join(f"{lr:.2e}:{v:.4f}" for lr, v in sorted(res.check.items())))
+        + ' '.join(f"{lr:.2e}:{v:.4f}" for lr, v in sorted(res.check.items()))
+        + (f"; within 10% of the best: {res.level[0]:.2e} to {res.level[1]:.2e}" if res.level else ''))
     say(f"  {name} grid: " + ' '.join(f"{lr:.2e}:{g:.4f}" for lr, g in zip(GRID, grid)))
     say(f"  {name} picks: " + ', '.join(f"{k} {v:.2e} -> {score(v):.4f} ({score(v) / G:.3f})"
                                       for k, v in res.choices.items()))

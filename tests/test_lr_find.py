@@ -13,8 +13,9 @@ from torch.utils.data import DataLoader, TensorDataset
 
 from trainer_nb.base import Hook, LossLog
 from trainer_nb.core import Trainer
-from trainer_nb.lr_find import (CHECK_BELOW, CHECK_GRID, LRFindResult, LRFindWarning, MIN_POINTS, _bottom, read_sweep,
-                                suggest, suggest_sweep, suggest_valley, suggest_steep, suggest_minimum, suggest_slide)
+from trainer_nb.lr_find import (CHECK_BELOW, CHECK_GRID, LRFindResult, LRFindWarning, MIN_POINTS, _bottom, _level,
+                                _lr_text, read_sweep, suggest, suggest_sweep, suggest_valley, suggest_steep,
+                                suggest_minimum, suggest_slide)
 
 pytestmark = pytest.mark.usefixtures('fresh_accelerate')
 ROOT = Path(__file__).resolve().parents[1]
@@ -856,6 +857,45 @@ def test_the_bottom_of_the_scores():
     assert _bottom(xs, [1.0, 0.5, 0.3, 0.9, math.inf]) == pytest.approx(-2.0 - a1 / (2 * a2))
     assert _bottom([-2.0, -1.5], [0.3, 0.4]) == -2.0                          # too few points: the best
     assert _bottom(xs, [0.5, 0.4, 0.3, 0.2, 0.3]) == pytest.approx(-1.75)   # symmetric around the best
+
+
+
+def test_the_level_range_around_the_best():
+    "The run of candidates next to the best that score within 10% of it, in LR order; the best alone or None otherwise."
+    check = {1e-3: 2.0, 1e-1: 1.08, 1e-2: 1.0, 3e-2: 1.05, 3e-3: 1.2, 3e-1: 1.09, 1.0: 1.5}   # (in the order run)
+    assert _level(check) == (1e-2, 3e-1)
+    assert _level({**check, 3e-2: 1.11}) == (1e-2, 1e-2)            # a neighbour above 10% closes the run
+    assert _level({1e-2: 1.0}) == (1e-2, 1e-2)
+    assert _level({}) is None and _level({1e-2: -0.5, 1e-1: 0.3}) is None and _level({1e-2: math.inf}) is None
+
+
+def flat_trainer(seed):
+    "A linear regression under heavy noise: once the signal is learned, a decade of LRs trains alike."
+    g = torch.Generator().manual_seed(0)
+    x = torch.randn(2048, 8, generator=g); w = torch.randn(8, 1, generator=g)
+    y = 0.7 * x @ w / w.norm() + torch.randn(2048, 1, generator=g)
+    torch.manual_seed(seed)
+    dl = DataLoader(TensorDataset(x[:1536], y[:1536]), batch_size=64, shuffle=True,
+                    generator=torch.Generator().manual_seed(seed))
+    return Trainer(nn.Linear(8, 1), dl, DataLoader(TensorDataset(x[1536:], y[1536:]), batch_size=512),
+                   loss_func=F.mse_loss, default_hooks=False, cpu=True)
+
+
+def test_a_flat_bottom_is_said_with_its_range():
+    """Where the trials score within 10% of the best over a decade or more, the verdict names the range (the LRs as
+    shown), and `level` holds it; where the bottom is narrow, nothing is said."""
+    res = flat_trainer(0).lr_find(show=False)
+    lo, hi = res.level
+    assert res.default == 'checked' and hi / lo >= 10 - 1e-9, res.check
+    best = min(res.check.values())
+    inside = [v for lr, v in res.check.items() if lo <= lr <= hi]
+    assert max(inside) <= 1.1 * best and min(res.check) < lo                          # (and it is bounded below)
+    assert f"within 10% of the best from {_lr_text(lo)} to {_lr_text(hi)}: a flat bottom" in res.verdict
+    assert res.verdict in res.summary()
+    narrow = huber_trainer().lr_find(show=False)                                     # (its bottom: under a decade)
+    nlo, nhi = narrow.level
+    assert nhi / nlo < 10 and 'flat bottom' not in narrow.verdict, narrow.check
+    assert flat_trainer(0).lr_find(show=False, check=0).level is None
 
 
 def test_the_check_pick_trains_as_well_as_a_grid():

@@ -9,9 +9,9 @@ from dataclasses import dataclass, field
 
 # %% auto #0
 __all__ = ['MIN_POINTS', 'SUGGESTIONS', 'START_CUT', 'NOISE_Z', 'MIN_READ', 'CHECK_STEPS', 'CHECK_RUNS', 'CHECK_GRID',
-           'CHECK_MORE', 'CHECK_BELOW', 'SLIDER_STEP', 'suggest_minimum', 'suggest_steep', 'suggest_valley',
-           'suggest_slide', 'suggest', 'SweepReading', 'read_sweep', 'suggest_sweep', 'LRFindWarning', 'LRFindResult',
-           'LRFindWidget']
+           'CHECK_MORE', 'CHECK_BELOW', 'CHECK_LEVEL', 'SLIDER_STEP', 'suggest_minimum', 'suggest_steep',
+           'suggest_valley', 'suggest_slide', 'suggest', 'SweepReading', 'read_sweep', 'suggest_sweep', 'LRFindWarning',
+           'LRFindResult', 'LRFindWidget']
 
 # %% ../nbs/05_lr_find.ipynb #82eecdd7
 import numpy as np
@@ -263,6 +263,7 @@ CHECK_RUNS = 3      # runs per candidate, each on other batches: its score is th
 CHECK_GRID = 0.5    # candidates lie on the LRs 10**(k * CHECK_GRID), then a half step either side of the best
 CHECK_MORE = 2      # at most this many grid points beyond the first four, while the best is at an end
 CHECK_BELOW = 0.15  # the pick: this many decades below the bottom of the trials' loss curve
+CHECK_LEVEL = 0.1   # a flat bottom: the candidates next to the best that score within 10% of it, over a decade or more
 
 def _trial_sched(lr: float, n: int) -> list[float]:
     "The LRs of a trial of `n` steps at `lr`: warm up from lr/10 over a quarter, then cosine down to lr/100."
@@ -318,6 +319,28 @@ def _bottom(xs, ys) -> float:
     a2, a1, _ = np.polyfit(x, y, 2)
     if a2 <= 0: return float(b)
     return float(b + min(max(-a1 / (2 * a2), x.min()), x.max()))
+
+# %% ../nbs/05_lr_find.ipynb #b41d2c7e
+def _level(check: dict) -> tuple[float, float] | None:
+    """`(lo, hi)`: the LRs of the run of candidates around the best (in LR order, the best included) whose scores are
+    within `CHECK_LEVEL` of the best's; None without a finite positive best."""
+    lrs = sorted(check)
+    if not lrs: return None
+    b = min(range(len(lrs)), key=lambda i: check[lrs[i]])
+    top = check[lrs[b]] * (1 + CHECK_LEVEL)
+    if not (math.isfinite(top) and top > 0): return None
+    a, e = b, b
+    while a > 0 and check[lrs[a - 1]] <= top: a -= 1
+    while e < len(lrs) - 1 and check[lrs[e + 1]] <= top: e += 1
+    return lrs[a], lrs[e]
+
+class _CheckReading:
+    "What the check's scores say beyond its pick (a base class of `LRFindResult`)."
+    @property
+    def level(self) -> tuple[float, float] | None:
+        """`(lo, hi)`: the LRs of the check around its best that scored within 10% of it (`CHECK_LEVEL`), the best
+        included; None when the check picked nothing. Wide (a decade or more): a flat bottom, where LRs train alike."""
+        return _level(self.check) if self.checked is not None else None
 
 # %% ../nbs/05_lr_find.ipynb #1215a3ba
 def _check(trainer, res, ratios, steps: int, n_runs: int = CHECK_RUNS, bar=None) -> tuple[dict, dict, float | None]:
@@ -436,7 +459,7 @@ class LRFindWarning(UserWarning):
     "`lr_find` found no reliable suggestion: its default is the fallback (see `LRFindResult.verdict`)."
 
 @dataclass(repr=False)
-class LRFindResult(_ResultPlot):
+class LRFindResult(_ResultPlot, _CheckReading):
     "The LR sweep: `lrs`, smoothed `losses`, `raw_losses`, `suggestions`, `reliable`; `plot()`, `apply()`, `widget`."
     lrs: list
     losses: list
@@ -513,6 +536,13 @@ class LRFindResult(_ResultPlot):
         return self._widget
 
 # %% ../nbs/05_lr_find.ipynb #5e9ffe25
+def _flat(self: LRFindResult) -> str:
+    "A sentence on a flat bottom (`LRFindResult.level` a decade wide or more), else ''."
+    lv = self.level
+    if lv is None or math.log10(lv[1] / lv[0]) < 1 - 1e-9: return ''
+    return (f" Its trials scored within {CHECK_LEVEL:.0%} of the best from {_lr_text(lv[0])} to {_lr_text(lv[1])}: a "
+            "flat bottom, where LRs train about alike, and the pick may move within it from one lr_find to the next.")
+
 def _verdict(self: LRFindResult) -> str:
     "`LRFindResult.verdict`: the curve's verdict, and what the check found."
     r = self.reading
@@ -523,7 +553,7 @@ def _verdict(self: LRFindResult) -> str:
         runs = max(map(len, self.check_runs.values()), default=1)
         checked = (f"a check of {len(self.check)} LRs from {lo} to {hi} ({runs} run{'s' * (runs > 1)} each) " +
                    (f"picked {_lr_text(self.checked)} (the default), a little below the bottom of the trials' loss "
-                    "curve." if self.checked is not None else
+                    "curve." + _flat(self) if self.checked is not None else
                     f"took the loss from {self.check_start:.4g} to {best:.4g} at best, no clearer than the scatter "
                     "between batches: neither the sweep nor the check saw an LR that trains. Check that the model "
                     "can learn at all (its output, the loss function, the labels), or with a very noisy loss raise "
