@@ -375,12 +375,14 @@ def test_plot_has_one_marker_per_suggestion(tmp_path):
         x, y = np.log10(curve[0]), np.asarray(curve[1])
         assert all(l.get_ydata()[0] == pytest.approx(np.interp(math.log10(l.get_xdata()[0]), x, y)) for l in marks)
     # every line is in the legend, the divergence's too; the band spans the descent the verdict names
-    ax = res.plot().axes[0]
-    labels = [t.get_text() for t in ax.figure.legends[0].get_texts()]
-    assert len(labels) == len([l for l in ax.lines if l.get_visible()]) + len(ax.patches), labels
+    fig = res.plot()
+    ax = fig.axes[0]
+    labels = [t.get_text() for t in fig.legends[0].get_texts()]
+    assert len(labels) == sum(len([l for l in a.lines if l.get_visible()]) + len(a.patches) for a in fig.axes), labels
     assert res.reading.diverged is None or any(t.startswith('diverged ') for t in labels), labels
+    assert f"{res.default} {shown(res._lr(None))} (default)" in labels   # the default says so
     if res.reliable:
-        (band,) = ax.patches
+        (band,) = [p for p in ax.patches if p.get_label() == 'the descent']
         lo, hi = band.get_x(), band.get_x() + band.get_width()
         assert f"between {shown(lo)} and {shown(hi)} (" in res.verdict, (lo, hi, res.verdict)
 
@@ -897,6 +899,27 @@ def test_a_flat_bottom_is_said_with_its_range():
     assert nhi / nlo < 10 and 'flat bottom' not in narrow.verdict, narrow.check
     assert flat_trainer(0).lr_find(show=False, check=0).level is None
 
+
+
+def test_the_plot_shows_the_check():
+    """On an axis of its own (right): each candidate's score, and a bar over the range of its runs' scores; a flat
+    bottom as a band over `level`; the default pick is the largest marker on the curve."""
+    res = flat_trainer(0).lr_find(show=False)
+    fig = res.plot()
+    ax, ax2 = fig.axes
+    (line,) = ax2.lines
+    lrs = sorted(res.check)
+    assert list(line.get_xdata()) == lrs and list(line.get_ydata()) == [res.check[lr] for lr in lrs]
+    (bars,) = ax2.collections
+    spans = sorted((float(s[0, 0]), float(s[0, 1]), float(s[1, 1])) for s in bars.get_segments())
+    assert spans == [(lr, min(res.check_runs[lr]), max(res.check_runs[lr])) for lr in lrs]
+    (flat,) = [p for p in ax.patches if p.get_label().startswith('check within 10%')]
+    assert (flat.get_x(), flat.get_x() + flat.get_width()) == pytest.approx(res.level)
+    marks = {l.get_label().split()[0]: l.get_markersize() for l in ax.lines if l.get_marker() not in ('None', None, '')}
+    assert marks.pop('checked') > max(marks.values())
+    with warnings.catch_warnings():
+        warnings.simplefilter('ignore', LRFindWarning)   # (its curve alone is not reliable)
+        assert len(huber_trainer().lr_find(show=False, check=0).plot().axes) == 1   # no check, no second axis
 
 def test_the_check_pick_trains_as_well_as_a_grid():
     "On the Huber problem, over 3 seeds: the default pick trains within 1.2x of the best of a 6-LR grid, the fallback not."

@@ -437,10 +437,11 @@ class _ResultPlot:
             ax.axvspan(r.lrs[a], r.lrs[b], color='tab:green', alpha=0.12, lw=0, label='the descent')
         if r is not None and r.diverged:
             ax.axvline(r.diverged, color='tab:red', ls=':', lw=1.4, label=f"diverged {_lr_text(r.diverged)}")
-        for name, v in self.choices.items():
+        for name, v in self.choices.items():   # the default the largest
             mk, c = _MARKERS.get(name, ('*', 'k'))
-            ax.plot([v], [np.interp(np.log10(v), np.log10(cx), cy)], mk, color=c, ms=8, mec='white', mew=0.8,
-                    label=f"{name} {_lr_text(v)}", zorder=3)
+            big = name == self.default
+            ax.plot([v], [np.interp(np.log10(v), np.log10(cx), cy)], mk, color=c, ms=13 if big else 8, mec='white',
+                    mew=0.8, label=f"{name} {_lr_text(v)}" + ' (default)' * big, zorder=4 if big else 3)
         ax.set(xscale='log', xlabel='learning rate', ylabel='loss')
         fin = cy[np.isfinite(cy)]
         if len(fin):
@@ -448,11 +449,30 @@ class _ResultPlot:
             pad = max(hi - lo, 1e-8 * max(abs(hi), 1.0))
             ax.set_ylim(lo - 0.15 * pad, hi + 0.3 * pad)
         if lr is not None: ax.axvline(lr, color='k', ls='--', lw=1.2, label=f"lr {_lr_text(lr)}")
+        if self.check: _draw_check(ax, self)
         if not self.reliable: ax.set_title('No reliable suggestion: see the fallback (X)', color='tab:red', fontsize=10)
         ax.grid(True, which='major', alpha=0.3)
         _legend(fig)
         if path is not None: fig.savefig(path)
         return fig
+
+# %% ../nbs/05_lr_find.ipynb #c58e0a19
+def _draw_check(ax, res):
+    """The check on a second y axis, on the right: each candidate's score (a circle; diverged ones left out) and the
+    range of its runs' scores (a bar); a flat bottom (`res.level` a decade wide or more) as a band."""
+    xs = sorted(lr for lr, v in res.check.items() if math.isfinite(v))
+    if not xs: return
+    ax2 = ax.twinx()
+    ax.set_zorder(ax2.get_zorder() + 1)   # the curve and its markers in front, the check behind them
+    ax.patch.set_visible(False)
+    runs = [[v for v in res.check_runs.get(lr, ()) if math.isfinite(v)] or [res.check[lr]] for lr in xs]
+    ax2.vlines(xs, [min(r) for r in runs], [max(r) for r in runs], color='0.45', lw=1.2)
+    ax2.plot(xs, [res.check[lr] for lr in xs], 'o-', color='0.25', lw=1, ms=5, mfc='white', zorder=3,
+             label='check score (right)')
+    ax2.set_ylabel("check: loss after a trial", color='0.25')
+    lv = res.level
+    if lv is not None and math.log10(lv[1] / lv[0]) >= 1 - 1e-9:
+        ax.axvspan(lv[0], lv[1], color='gold', alpha=0.22, lw=0, label=f"check within {CHECK_LEVEL:.0%} of best")
 
 # %% ../nbs/05_lr_find.ipynb #6feed016
 class LRFindWarning(UserWarning):
