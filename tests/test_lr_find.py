@@ -893,10 +893,11 @@ def test_a_flat_bottom_is_said_with_its_range():
     inside = [v for lr, v in res.check.items() if lo <= lr <= hi]
     assert max(inside) <= 1.1 * best and min(res.check) < lo                          # (and it is bounded below)
     assert f"within 10% of the best from {_lr_text(lo)} to {_lr_text(hi)}: a flat bottom" in res.verdict
-    assert res.verdict in res.summary()
+    assert res.verdict in res.summary() and res.flat == res.level
     narrow = huber_trainer().lr_find(show=False)                                     # (its bottom: under a decade)
     nlo, nhi = narrow.level
     assert nhi / nlo < 10 and 'flat bottom' not in narrow.verdict, narrow.check
+    assert narrow.flat is None
     assert flat_trainer(0).lr_find(show=False, check=0).level is None
 
 

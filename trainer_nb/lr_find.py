@@ -342,6 +342,12 @@ class _CheckReading:
         included; None when the check picked nothing. Wide (a decade or more): a flat bottom, where LRs train alike."""
         return _level(self.check) if self.checked is not None else None
 
+    @property
+    def flat(self) -> tuple[float, float] | None:
+        "`level` when it spans a decade or more (a flat bottom: the verdict says so, the plot shades it), else None."
+        lv = self.level
+        return lv if lv is not None and math.log10(lv[1] / lv[0]) >= 1 - 1e-9 else None
+
 # %% ../nbs/05_lr_find.ipynb #1215a3ba
 def _check(trainer, res, ratios, steps: int, n_runs: int = CHECK_RUNS, bar=None) -> tuple[dict, dict, float | None]:
     """`({candidate lr: score}, {candidate lr: [score of each run]}, pick or None)`: train each candidate `n_runs`
@@ -459,7 +465,7 @@ class _ResultPlot:
 # %% ../nbs/05_lr_find.ipynb #c58e0a19
 def _draw_check(ax, res):
     """The check on a second y axis, on the right: each candidate's score (a circle; diverged ones left out) and the
-    range of its runs' scores (a bar); a flat bottom (`res.level` a decade wide or more) as a band."""
+    range of its runs' scores (a bar); a flat bottom (`res.flat`) as a band."""
     xs = sorted(lr for lr, v in res.check.items() if math.isfinite(v))
     if not xs: return
     ax2 = ax.twinx()
@@ -470,8 +476,8 @@ def _draw_check(ax, res):
     ax2.plot(xs, [res.check[lr] for lr in xs], 'o-', color='0.25', lw=1, ms=5, mfc='white', zorder=3,
              label='check score (right)')
     ax2.set_ylabel("check: loss after a trial", color='0.25')
-    lv = res.level
-    if lv is not None and math.log10(lv[1] / lv[0]) >= 1 - 1e-9:
+    lv = res.flat
+    if lv is not None:
         ax.axvspan(lv[0], lv[1], color='gold', alpha=0.22, lw=0, label=f"check within {CHECK_LEVEL:.0%} of best")
 
 # %% ../nbs/05_lr_find.ipynb #6feed016
@@ -556,10 +562,10 @@ class LRFindResult(_ResultPlot, _CheckReading):
         return self._widget
 
 # %% ../nbs/05_lr_find.ipynb #5e9ffe25
-def _flat(self: LRFindResult) -> str:
-    "A sentence on a flat bottom (`LRFindResult.level` a decade wide or more), else ''."
-    lv = self.level
-    if lv is None or math.log10(lv[1] / lv[0]) < 1 - 1e-9: return ''
+def _flat_sentence(self: LRFindResult) -> str:
+    "The verdict's sentence on a flat bottom (`LRFindResult.flat`), else ''."
+    lv = self.flat
+    if lv is None: return ''
     return (f" Its trials scored within {CHECK_LEVEL:.0%} of the best from {_lr_text(lv[0])} to {_lr_text(lv[1])}: a "
             "flat bottom, where LRs train about alike, and the pick may move within it from one lr_find to the next.")
 
@@ -573,7 +579,7 @@ def _verdict(self: LRFindResult) -> str:
         runs = max(map(len, self.check_runs.values()), default=1)
         checked = (f"a check of {len(self.check)} LRs from {lo} to {hi} ({runs} run{'s' * (runs > 1)} each) " +
                    (f"picked {_lr_text(self.checked)} (the default), a little below the bottom of the trials' loss "
-                    "curve." + _flat(self) if self.checked is not None else
+                    "curve." + _flat_sentence(self) if self.checked is not None else
                     f"took the loss from {self.check_start:.4g} to {best:.4g} at best, no clearer than the scatter "
                     "between batches: neither the sweep nor the check saw an LR that trains. Check that the model "
                     "can learn at all (its output, the loss function, the labels), or with a very noisy loss raise "
