@@ -153,7 +153,10 @@ def huber():
     "A 256-sample regression with heavy-tailed noise (Student t, 2 degrees of freedom), for a Huber loss at batch 8."
     g = torch.Generator().manual_seed(18)
     X = torch.randn(512, 5, generator=g)
-    noise = torch.distributions.StudentT(2.0).sample((512, 1)) * 0.3
+    # Student t with 2 degrees of freedom, from `g` (a distribution's sample() would draw from the global generator,
+    # and the data would change with whatever ran before): Z / sqrt(V / 2) with V ~ chi-squared(2) = -2 log U
+    z, u = torch.randn(512, 1, generator=g), torch.rand(512, 1, generator=g).clamp_min(1e-12)
+    noise = 0.3 * z / torch.sqrt(-torch.log(u))
     y = torch.tanh(X[:, :1] + X[:, 1:2]) + 0.5 * X[:, 2:3] * X[:, 3:4] + noise
     return split(X, y, 256)
 
