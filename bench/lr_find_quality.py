@@ -21,10 +21,11 @@ gives the default pick (`result.apply()`'s LR). Each LR (the pick, each LR of a 
 valley of fastai's rule) is scored the same way: train for the problem's few epochs with a one-cycle schedule peaking
 at that LR, once per seed in SEEDS (the seed sets the initial weights, the shuffling and dropout; the same seeds for
 every LR), and take the mean of the final validation losses (inf if a run diverged). Per problem:
-    NAME: pick P loss L, best grid loss G, ratio R; fastai valley V ratio F; spread S
+    NAME: pick P loss L, best grid loss G, ratio R (over the sweeps' picks M, worst W); fastai valley V ratio F; spread S
 R = L / G and F (fastai's rule scored the same way, / G): lower is better. S: the largest over the smallest default
 pick of four lr_finds that differ only in the seed of the sweep's batches (0, 1, 2; `--sweep-seeds` for more) or in
-the thread count (1, 2).
+the thread count (1, 2). The pick of each batch seed is trained too: the ratio's mean and worst over those picks say
+what a user gets from the default over sweeps, not from one.
 Details on indented lines: the sweep, the check's candidates and scores, the grid, every suggestion, the seed-to-seed
 spread of the losses (the ratios are only as precise as that), and the cost of lr_find (sweep and check) in
 optimizer steps as a fraction of one epoch, and in time against one training epoch. The table at the end has it all.
@@ -351,14 +352,20 @@ def run1(name, seeds, stable):
     say(f"  {name} cost: the sweep {len(res.lrs)} + the check {steps_check} steps (+ {sum(map(len, res.check_runs.values())) + 1} evaluations) = "
         f"{(len(res.lrs) + steps_check) / nb:.1f} epochs of steps ({steps_check / nb:.1f} for the check); lr_find took "
         f"{took:.1f}s, one training epoch {epoch:.2f}s: {took / epoch:.1f}x")
-    sp = math.nan
+    sp, over = math.nan, (math.nan, math.nan)
     if stable:   # `stable`: how many batch seeds (0, 1, ...), beside seed 0 on 2 threads
         picks = {'seed0 1thr': pick, **{f'seed{s}': pick_of(p, s) for s in range(1, stable)}, 'seed0 2thr': pick_of(p, 0, 2)}
         sp = max(picks.values()) / min(picks.values())
         say(f"  {name} stability: " + ', '.join(f"{k} {v:.2e}" for k, v in picks.items()) + f": spread {sp:.2f}x")
-    say(f"{name}: pick {pick:.2e} loss {L:.4f}, best grid loss {G:.4f}, ratio {L / G:.3f}; fastai valley {fv:.2e} "
+        seeded = [v for k, v in picks.items() if not k.endswith('2thr')]   # one pick per batch seed
+        rs = [score(v) / G for v in seeded]
+        over = (float(np.mean(rs)), max(rs))
+        say(f"  {name} each batch seed's pick trained: " + ' '.join(f"{v:.2e}:{r:.3f}" for v, r in zip(seeded, rs))
+            + f"; ratio mean {over[0]:.3f}, worst {over[1]:.3f}")
+    say(f"{name}: pick {pick:.2e} loss {L:.4f}, best grid loss {G:.4f}, ratio {L / G:.3f} (over the sweeps' picks "
+        f"{over[0]:.3f}, worst {over[1]:.3f}); fastai valley {fv:.2e} "
         f"ratio {F_:.3f}; spread {sp:.2f}x")
-    return out, (L / G, F_, sp, (len(res.lrs) + steps_check) / nb, steps_check / nb, took / epoch)
+    return out, (L / G, *over, F_, sp, (len(res.lrs) + steps_check) / nb, steps_check / nb, took / epoch)
 
 
 def main(names, seeds, stable, jobs):
@@ -373,12 +380,14 @@ def main(names, seeds, stable, jobs):
         for n, (lines, row) in zip(names, results):   # in order, each as soon as it is done
             print('\n'.join(lines), flush=True)
             if row is not None: rows[n] = row
-    print(f"\n| problem | ratio | fastai valley | pick spread (batch seeds 0-{max(stable, 1) - 1}, 1 vs 2 threads) | lr_find cost in epochs "
-          "of steps (sweep + check) | the check alone | lr_find time / epoch time |")
-    print("|---|---|---|---|---|---|---|")
+    seeds_ = f"batch seeds 0-{max(stable, 1) - 1}"
+    print(f"\n| problem | ratio | ratio over the picks of {seeds_}: mean | worst | fastai valley | pick spread ({seeds_}, "
+          "1 vs 2 threads) | lr_find cost in epochs of steps (sweep + check) | the check alone | lr_find time / epoch time |")
+    print("|---|---|---|---|---|---|---|---|---|")
     for part, keep in (("designed on", lambda n: n not in HELD_OUT), ("held out", lambda n: n in HELD_OUT)):
-        for n, (r, f, sp, c, cc, tt) in rows.items():
-            if keep(n): print(f"| {n} ({part}) | {r:.3f} | {f:.3f} | {sp:.2f}x | {c:.1f} | {cc:.1f} | {tt:.1f}x |")
+        for n, (r, rm, rw, f, sp, c, cc, tt) in rows.items():
+            if keep(n): print(f"| {n} ({part}) | {r:.3f} | {rm:.3f} | {rw:.3f} | {f:.3f} | {sp:.2f}x | {c:.1f} | {cc:.1f} | "
+                              f"{tt:.1f}x |")
     print(f"\ntotal {time.perf_counter() - t0:.0f}s", flush=True)
 
 
