@@ -21,7 +21,8 @@ gives the default pick (`result.apply()`'s LR). Each LR (the pick, each LR of a 
 valley of fastai's rule) is scored the same way: train for the problem's few epochs with a one-cycle schedule peaking
 at that LR, once per seed in SEEDS (the seed sets the initial weights, the shuffling and dropout; the same seeds for
 every LR), and take the mean of the final validation losses (inf if a run diverged). Per problem:
-    NAME: pick P loss L, best grid loss G, ratio R (over the sweeps' picks M, worst W); fastai valley V ratio F; spread S
+    NAME: pick P loss L, best grid loss G, ratio R (over the sweeps' picks M, worst W); fastai valley V ratio F;
+    spread S
 R = L / G and F (fastai's rule scored the same way, / G): lower is better. S: the largest over the smallest default
 pick of four lr_finds that differ only in the seed of the sweep's batches (0, 1, 2; `--sweep-seeds` for more) or in
 the thread count (1, 2). The pick of each batch seed is trained too: the ratio's mean and worst over those picks say
@@ -362,9 +363,9 @@ def run1(name, seeds, stable):
         over = (float(np.mean(rs)), max(rs))
         say(f"  {name} each batch seed's pick trained: " + ' '.join(f"{v:.2e}:{r:.3f}" for v, r in zip(seeded, rs))
             + f"; ratio mean {over[0]:.3f}, worst {over[1]:.3f}")
-    say(f"{name}: pick {pick:.2e} loss {L:.4f}, best grid loss {G:.4f}, ratio {L / G:.3f} (over the sweeps' picks "
-        f"{over[0]:.3f}, worst {over[1]:.3f}); fastai valley {fv:.2e} "
-        f"ratio {F_:.3f}; spread {sp:.2f}x")
+    say(f"{name}: pick {pick:.2e} loss {L:.4f}, best grid loss {G:.4f}, ratio {L / G:.3f}"
+        + (f" (over the sweeps' picks {over[0]:.3f}, worst {over[1]:.3f})" if stable else '')
+        + f"; fastai valley {fv:.2e} ratio {F_:.3f}" + (f"; spread {sp:.2f}x" if stable else ''))
     return out, (L / G, *over, F_, sp, (len(res.lrs) + steps_check) / nb, steps_check / nb, took / epoch)
 
 
@@ -381,13 +382,15 @@ def main(names, seeds, stable, jobs):
             print('\n'.join(lines), flush=True)
             if row is not None: rows[n] = row
     seeds_ = f"batch seeds 0-{max(stable, 1) - 1}"
-    print(f"\n| problem | ratio | ratio over the picks of {seeds_}: mean | worst | fastai valley | pick spread ({seeds_}, "
-          "1 vs 2 threads) | lr_find cost in epochs of steps (sweep + check) | the check alone | lr_find time / epoch time |")
+    print(f"\n| problem | ratio | ratio over the picks of {seeds_}: mean | worst | fastai valley "
+          f"| pick spread ({seeds_}, 1 vs 2 threads) | lr_find cost in epochs of steps (sweep + check) "
+          "| the check alone | lr_find time / epoch time |")
     print("|---|---|---|---|---|---|---|---|---|")
     for part, keep in (("designed on", lambda n: n not in HELD_OUT), ("held out", lambda n: n in HELD_OUT)):
         for n, (r, rm, rw, f, sp, c, cc, tt) in rows.items():
-            if keep(n): print(f"| {n} ({part}) | {r:.3f} | {rm:.3f} | {rw:.3f} | {f:.3f} | {sp:.2f}x | {c:.1f} | {cc:.1f} | "
-                              f"{tt:.1f}x |")
+            if not keep(n): continue
+            m = (f"{rm:.3f} | {rw:.3f} | {f:.3f} | {sp:.2f}x" if stable else f"- | - | {f:.3f} | -")   # - : not run
+            print(f"| {n} ({part}) | {r:.3f} | {m} | {c:.1f} | {cc:.1f} | {tt:.1f}x |")
     print(f"\ntotal {time.perf_counter() - t0:.0f}s", flush=True)
 
 
