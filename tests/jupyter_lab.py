@@ -73,7 +73,8 @@ def lab_server(tmp_path):
             [sys.executable, '-m', 'jupyterlab', '--no-browser', '--ServerApp.ip=127.0.0.1', f'--ServerApp.port={port}',
              '--ServerApp.port_retries=0', '--ServerApp.allow_root=True', '--ServerApp.terminals_enabled=False',
              f'--IdentityProvider.token={token}', f'--ServerApp.root_dir={root}',
-             '--LabApp.expose_app_in_browser=True', '--KernelSpecManager.ensure_native_kernel=False',
+             '--LabApp.expose_app_in_browser=True', '--JupyterNotebookApp.expose_app_in_browser=True',
+             '--KernelSpecManager.ensure_native_kernel=False',
              f'--LabApp.workspaces_dir={tmp_path / "workspaces"}', '--LabApp.news_url=None'],
             env=env, stdout=lf, stderr=subprocess.STDOUT, cwd=root)
     try:
@@ -92,8 +93,9 @@ _KERNEL_IDLE = ("() => { const w = window.jupyterapp && window.jupyterapp.shell.
 
 
 @contextmanager
-def notebook_page(server, notebook, viewport=(1280, 1100)):
-    "Headless Chromium showing `notebook` (a name under the server's root) with its kernel started and idle; yields the page."
+def notebook_page(server, notebook, viewport=(1280, 1100), app='lab'):
+    """Headless Chromium showing `notebook` (a name under the server's root) in JupyterLab (`app='lab'`) or Notebook 7
+    (`'notebook7'`), with its kernel started and idle; yields the page."""
     base, token = server
     with sync_playwright() as pw:
         browser = pw.chromium.launch(executable_path=CHROMIUM, args=[
@@ -101,7 +103,8 @@ def notebook_page(server, notebook, viewport=(1280, 1100)):
             '--disable-background-networking', '--disable-component-update', '--disable-sync'])
         try:
             page = browser.new_page(viewport={'width': viewport[0], 'height': viewport[1]})
-            page.goto(f'{base}/lab/tree/{notebook}?token={token}')
+            route = {'lab': 'lab/tree', 'notebook7': 'notebooks'}[app]
+            page.goto(f'{base}/{route}/{notebook}?token={token}')
             page.wait_for_function(_KERNEL_IDLE, timeout=60_000)
             yield page
         finally:

@@ -48,7 +48,7 @@ def train(bs, epochs=2, sleep=0.0, fail_rank=None, n=192, often=False):
     vdl = DataLoader(TensorDataset(x[n:], y[n:]), batch_size=16)
     torch.manual_seed(0)
     hooks = [Slow(sleep)] + ([Fail(3)] if fail_rank == rank else [])
-    if often: hooks += [Recorder(), Progress(every=0.2), LivePlot(every=0.3, max_share=0.2)]   # redraw often
+    if often: hooks += [Recorder(), Progress(every=0.2), LivePlot(every=0.3)]   # redraw often
     t = Trainer(nn.Sequential(nn.Linear(4, 8), nn.Tanh(), nn.Linear(8, 1)), dl, vdl, loss_func=F.mse_loss,
                 lr=0.05, cpu=True, hooks=hooks, default_hooks=not often)
     t.fit(epochs)
@@ -183,7 +183,7 @@ def test_jupyterlab_shows_rank0_live(tmp_path, pid_dir):
             while time.time() < end:
                 st = page.evaluate(JS_STATE)
                 if st['progress'] and (not progress or progress[-1] != st['progress']): progress.append(st['progress'])
-                if st['img'] and (not srcs or srcs[-1] != st['img']): srcs.append(st['img'])
+                if st['live'] and (not srcs or srcs[-1] != st['live']): srcs.append(st['live'])
                 if 'ALL DONE' in st['text'] or 'Error' in st['text']: break
                 time.sleep(0.1)
             time.sleep(0.5)
@@ -193,7 +193,7 @@ def test_jupyterlab_shows_rank0_live(tmp_path, pid_dir):
     # while the workers trained, the kernel's dashboard and plot (fed by rank 0) changed several times
     assert len(progress) >= 3 and any('/60' in p for p in progress), progress   # 960 / (8 x 2): 60 batches a process
     assert len(srcs) >= 3, f"the live plot changed {len(srcs) - 1} times"
-    assert st['progress'] is None and st['img'] is None
+    assert st['progress'] is None and st['live'] is None
     assert any(s.startswith('data:image/png') for s in st['static_imgs']), st['static_imgs']
     assert st['done_html'] and st['done_html'][0].startswith('done') and 'valid_loss' in st['done_html'][0]
 

@@ -328,19 +328,17 @@ def test_all_exports():
 
 def test_liveplot_x_axis_ends_at_the_last_step_the_scheduler_counts():
     "7 batches an epoch with grad_accum=2: 4 steps an epoch (the 7th batch steps alone), 12 in 3 epochs (not ceil(21/2) = 11)."
-    xlims = []
+    spans = []
     class Look(Hook):
         order = 40   # after the plot's after_batch
         def after_batch(self):
-            if plot.n_draws: xlims.append(plot.ax_loss.get_xlim())
-    plot = LivePlot(mode='widget', every=0, max_share=1.0)
+            if plot.n_draws: spans.append(tuple(plot.view.widget.spec['x']))
+    plot = LivePlot(mode='widget', every=0)
     t = make(n_batches=7, grad_accum=2, hooks=[plot, Look()],
              scheduler=lambda opt, n: torch.optim.lr_scheduler.OneCycleLR(opt, 1e-2, total_steps=n))
     t.fit(3)
     assert t.scheduler.total_steps == 12 and t.get_hook(Recorder).steps.step.iloc[-1] == 12
-    assert plot._x_end == 12
-    assert len(xlims) == 21 and all(hi >= 12 for _, hi in xlims)   # from the first redraw on, the whole fit fits
-    assert len(set(xlims)) == 1 and xlims[0][1] < 12.5                # and the axis never moved, nor ran past the end
+    assert len(spans) == 21 and set(spans) == {(1, 12)}   # from the first frame on, the whole fit, and never moved
 
 
 def test_liveplot_metric_panel():
@@ -348,21 +346,19 @@ def test_liveplot_metric_panel():
     plain = LivePlot(mode='text', path=os.devnull, metrics=False)
     t = make(n_batches=4, metrics=[accuracy, error], hooks=[plain])
     t.fit(1)
-    assert len(plain.fig.axes) == 2 and plain.ax_metric is None      # left out on request
+    assert plain.frame()['metrics'] == [] and 'accuracy' not in plain.frame()['series']   # left out on request
     no_metrics = LivePlot(mode='text', path=os.devnull)
     make(n_batches=4, hooks=[no_metrics]).fit(1)
-    assert len(no_metrics.fig.axes) == 2 and no_metrics.ax_metric is None   # a trainer without metrics: no panel
+    assert no_metrics.frame()['metrics'] == []   # a trainer without metrics: no panel
     for metrics, shown in ((None, ['accuracy', 'error']), (True, ['accuracy', 'error']), (['error'], ['error']),
                            ([accuracy], ['accuracy'])):
         plot = LivePlot(mode='text', path=os.devnull, **({} if metrics is None else dict(metrics=metrics)))   # default: all
         t = make(n_batches=4, metrics=[accuracy, error], hooks=[plot])
         t.fit(3)
-        assert len(plot.fig.axes) == 3 and list(plot.l_metrics) == shown
-        for name, line in plot.l_metrics.items():
-            x, y = line.get_data()
-            assert list(x) == [4, 8, 12] and np.allclose(y, t.history[name])
-        lo, hi = plot.ax_metric.get_ylim()
-        assert lo <= min(t.history[shown[0]]) and hi >= max(t.history[shown[0]])
+        f = plot.frame()
+        assert f['metrics'] == shown
+        for name in shown:
+            assert list(f['series']['step:' + name]) == [4, 8, 12] and np.allclose(f['series'][name], t.history[name])
     with pytest.warns(UserWarning, match=r"\['acc'\] not among the trainer's metrics"):
         make(n_batches=2, metrics=[accuracy], hooks=[LivePlot(mode='text', path=os.devnull, metrics=['acc'])]).fit(1)
 
@@ -404,7 +400,7 @@ def test_binned_keeps_bucket_means_as_steps_arrive():
 
 
 def test_liveplot_redraw_cost_does_not_grow_with_the_steps():
-    """With a million steps recorded, a redraw reads only the steps recorded since the last one, and hands matplotlib
+    """With a million steps recorded, a frame reads only the steps recorded since the last one, and sends the browser
     at most `max_points` points a line. Memory allocated during a step with a redraw tells whether a redraw passed over
     all the steps: one pass over a million float64 values allocates at least 8 MB (as `Recorder.arrays` does)."""
     n = 1_000_000
@@ -422,13 +418,13 @@ def test_liveplot_redraw_cost_does_not_grow_with_the_steps():
             if it > 10: tracemalloc.start()
             plot.redraw()   # the first, if the plot made none yet, reads the million steps: once
             if it > 10: peaks.append(tracemalloc.get_traced_memory()[1]); tracemalloc.stop()
-            points.append(len(plot.l_raw.get_xdata()))
-    plot = LivePlot(mode='widget', max_share=1.0)
+            points.append(dict(plot.view.widget.spec['series'])['loss'])
+    plot = LivePlot(mode='widget')
     t = make(n_batches=40, valid=False, hooks=[plot, Measure()])
     t.remove_hooks(Recorder); t.add_hooks(rec)
     t.state.step = t.state.iteration = n
     t.fit(1)
-    assert len(rec.steps) == n + 40 and len(peaks) == 30 and points[-1] == len(plot.l_lr.get_xdata())
+    assert len(rec.steps) == n + 40 and len(peaks) == 30 and points[-1] == dict(plot.view.widget.spec['series'])['lr']
     assert all(250 <= p <= plot.max_points for p in points), (min(points), max(points))   # a line's points
     assert max(peaks) < 2e6, peaks
     tracemalloc.start()

@@ -1,0 +1,144 @@
+"""The live plot as a person sees it, on a busy machine: a 20-second fit in JupyterLab and in Notebook 7 (headless
+Chromium) with two CPU-bound processes beside it. The browser draws each frame it is sent; the page counts the
+frames drawn (the widget's `data-frames`, `data-step`) and the test reads when each one landed."""
+import os, subprocess, sys, time
+from contextlib import contextmanager
+
+import pytest
+
+from conftest import REPO
+from jupyter_lab import lab_server, needs_browser, notebook_page, output_texts, run_all_cells, wait_for_text, \
+    write_notebook
+
+SETUP = f"""\
+import sys, time
+sys.path.insert(0, {str(REPO)!r})
+import torch, torch.nn as nn, torch.nn.functional as F
+from torch.utils.data import DataLoader, TensorDataset
+from trainer_nb.base import Hook
+from trainer_nb.core import Trainer
+def mae(preds, targets): return (preds - targets).abs().mean()
+class Pace(Hook):
+    "Steps of about 10 ms, as a small model's on a laptop."
+    def after_step(self): time.sleep(0.008)
+torch.manual_seed(0)
+x = torch.randn(4000, 8); y = x @ torch.randn(8, 1) + 0.1 * torch.randn(4000, 1)
+dl = DataLoader(TensorDataset(x[:3200], y[:3200]), batch_size=16, shuffle=True)
+vdl = DataLoader(TensorDataset(x[3200:], y[3200:]), batch_size=200)"""
+
+FIT = """\
+tr = Trainer(nn.Sequential(nn.Linear(8, 64), nn.ReLU(), nn.Linear(64, 1)), dl, vdl, loss_func=F.mse_loss,
+             metrics=[mae], hooks=[Pace()], cpu=True)
+tr.fit_one_cycle(EPOCHS, 1e-2)"""
+
+DONE = "print('ALL', 'DONE', tr.state.step)"
+
+# every frame the page draws: when (ms since the page's start) and the last step it shows
+RECORD = """() => {
+  window.tnbFrames = [];
+  const seen = new WeakSet();
+  const watch = new MutationObserver(ms => { for (const m of ms) if (m.attributeName === 'data-frames')
+    window.tnbFrames.push([performance.now(), +m.target.dataset.step, m.target.dataset.layout]); });
+  watch.observe(document.body, {attributes: true, subtree: true, attributeFilter: ['data-frames']});
+}"""
+
+
+@contextmanager
+def busy(n=2):
+    "`n` CPU-bound processes beside the test, as a laptop is when the browser, the kernel and training share it."
+    procs = [subprocess.Popen([sys.executable, '-c', 'while True: pass']) for _ in range(n)]
+    try: yield
+    finally:
+        for p in procs: p.kill()
+        for p in procs: p.wait()
+
+
+def frames_of(page):
+    "The frames drawn so far that showed new data: `[(seconds, step), ...]` (a redraw for a new width is left out)."
+    out = []
+    for t, step, _ in page.evaluate("() => window.tnbFrames"):
+        if not out or step != out[-1][1]: out.append((t / 1000, step))
+    return out
+
+
+JS_LIVE = """() => {
+  const r = document.querySelector('.trainer-nb-liveplot'), c = r.querySelector('canvas');
+  const area = r.closest('.jp-OutputArea-output').getBoundingClientRect();
+  return {layout: r.dataset.layout, step: +r.dataset.step, canvas: c.getBoundingClientRect().width,
+          area: area.width, doc: document.documentElement.scrollWidth, vw: window.innerWidth,
+          panels_h: c.getBoundingClientRect().height};
+}"""
+
+JS_PICTURE = """() => {
+  const i = document.querySelector('picture.trainer-nb-curves img');
+  if (!i || !i.complete) return null;
+  const area = i.closest('.jp-OutputArea-output').getBoundingClientRect().width;
+  return {natural: i.naturalWidth, shown: i.getBoundingClientRect().width, area, narrow: i.currentSrc !== i.src,
+          doc: document.documentElement.scrollWidth, vw: window.innerWidth};
+}"""
+
+
+def at_width(page, w):
+    page.set_viewport_size({'width': w, 'height': 1000})
+    page.wait_for_function("(w) => window.innerWidth === w && document.querySelector('.jp-Notebook, .jp-NotebookPanel')"
+                           ".getBoundingClientRect().right <= w + 1", arg=w, timeout=30_000)
+    time.sleep(0.5)   # the widget's own redraw for its new width (a frame of the page)
+
+
+@needs_browser
+@pytest.mark.parametrize('app', ['lab', 'notebook7'])
+def test_live_plot_keeps_up_on_a_busy_machine(tmp_path, app):
+    """Two CPU-bound processes beside a 20-second fit: a frame with new data at least twice a second, no gap over
+    1 s, the steps in order up to the last; at 420 px the panels stack and fit the output; the picture left behind
+    takes the narrow form there."""
+    epochs, shots = 10, {}
+    root = tmp_path / 'root'
+    with lab_server(tmp_path) as server:
+        write_notebook(root / 'run.ipynb', [SETUP, FIT.replace('EPOCHS', str(epochs)), DONE])
+        with notebook_page(server, 'run.ipynb', viewport=(1400, 1000), app=app) as page:
+            if app == 'lab': page.evaluate("() => window.jupyterapp.shell.collapseLeft()")   # the notebook alone
+            page.evaluate(RECORD)
+            with busy():
+                run_all_cells(page)
+                page.wait_for_function("() => window.tnbFrames.length && window.tnbFrames.at(-1)[1] >= 1000",
+                                       timeout=300_000)
+                live = {1400: page.evaluate(JS_LIVE)}
+                shots['live_1400'] = tmp_path / f'{app}_live_1400.png'
+                page.screenshot(path=str(shots['live_1400']))
+                at_width(page, 420)
+                live[420] = page.evaluate(JS_LIVE)
+                shots['live_420'] = tmp_path / f'{app}_live_420.png'
+                page.screenshot(path=str(shots['live_420']), full_page=True)
+                at_width(page, 1400)
+                wait_for_text(page, 'ALL DONE', timeout=300)
+                frames = frames_of(page)
+            page.wait_for_function(f"({JS_PICTURE}) !== null", timeout=60_000)
+            picture = {1400: page.evaluate(JS_PICTURE)}
+            shots['done_1400'] = tmp_path / f'{app}_done_1400.png'
+            page.screenshot(path=str(shots['done_1400']), full_page=True)
+            at_width(page, 420)
+            page.wait_for_function(f"(() => {{ const p = ({JS_PICTURE})(); return p && p.narrow; }})", timeout=30_000)
+            picture[420] = page.evaluate(JS_PICTURE)
+            shots['done_420'] = tmp_path / f'{app}_done_420.png'
+            page.screenshot(path=str(shots['done_420']), full_page=True)
+            outs = output_texts(page)
+    times, steps = [f[0] for f in frames], [f[1] for f in frames]
+    span = times[-1] - times[0]
+    gaps = [b - a for a, b in zip(times, times[1:])]
+    worst = sorted(range(len(gaps)), key=gaps.__getitem__)[-5:]
+    print(f"\n{app}: {len(frames)} frames with new data over {span:.1f} s: {(len(frames) - 1) / span:.2f} frames/s, "
+          f"longest gaps (s, from step) {[(round(gaps[i], 2), steps[i]) for i in worst]}; screenshots {shots}")
+    assert f'ALL DONE {200 * epochs}' in outs[-1], outs
+    assert span > 10, span   # the fit lasted long enough to say something
+    assert (len(frames) - 1) / span >= 2, (len(frames), span)
+    assert max(gaps) <= 1.0, sorted(gaps)[-5:]
+    assert steps == sorted(steps) and steps[-1] == 200 * epochs, steps   # in order, up to the fit's last step
+    # 1400 px: the panels side by side, as wide as the widget allows; 420 px: one under another, within the output
+    assert live[1400]['layout'] == 'row' and live[1400]['canvas'] >= 800, live
+    assert live[420]['layout'] == 'column' and live[420]['canvas'] <= live[420]['area'] + 0.5, live
+    assert live[420]['doc'] <= 420, live   # no sideways scroll
+    assert picture[1400]['natural'] == 1720 and not picture[1400]['narrow'], picture
+    assert picture[420]['narrow'] and picture[420]['shown'] <= picture[420]['area'] + 0.5, picture
+    # the narrow picture is drawn for about its width there: its 11 px labels stay at 10 px or more
+    assert picture[420]['shown'] >= 0.9 * picture[420]['natural'] / 2, picture
+    assert picture[420]['doc'] <= 420, picture
