@@ -7,8 +7,9 @@ from __future__ import annotations
 import html, itertools, math, os, sys, time, warnings
 
 # %% auto #0
-__all__ = ['MODES', 'RESULTS_CSS', 'VIEWS', 'detect_mode', 'resolve_mode', 'display_handle', 'LossTail', 'auto_beta', 'fmt_time',
-           'results_table', 'results_html', 'send_views_to', 'RemoteView', 'open_view', 'Dashboard', 'Progress']
+__all__ = ['MODES', 'RESULTS_CSS', 'VIEWS', 'DASHBOARD_CSS', 'detect_mode', 'resolve_mode', 'display_handle', 'LossTail',
+           'auto_beta', 'fmt_time', 'results_table', 'results_text', 'results_html', 'send_views_to', 'RemoteView',
+           'open_view', 'Dashboard', 'Progress']
 
 # %% ../nbs/03_progress.ipynb #74f30a3d
 import torch
@@ -59,7 +60,7 @@ def auto_beta(n: int | None, most: int = 50) -> float:
     "A smoothing factor whose window is about a twentieth of `n` steps (at most `most`): a short fit's curve keeps up."
     return 1 - 1 / min(max((n or 20 * most) / 20, 1), most)
 
-# %% ../nbs/03_progress.ipynb #2cb8fab1
+# %% ../nbs/03_progress.ipynb #e59f4009
 def fmt_time(t: float) -> str:
     "Seconds as `m:ss` or `h:mm:ss` ('?' when unknown)."
     if t is None or not math.isfinite(t) or t < 0: return '?'
@@ -80,11 +81,22 @@ def _status(cancelled) -> str:
     if isinstance(cancelled, KeyboardInterrupt): return 'interrupted'
     return f"failed: {type(cancelled).__name__}" + (f": {cancelled}" if str(cancelled) else '')
 
+def _cells(rows: list[dict]) -> tuple[list, list]:
+    "The columns (in order of first appearance) and each row's cells as display strings."
+    cols = list(dict.fromkeys(k for r in rows for k in r))
+    return cols, [[_fmt_val(k, r.get(k)) for k in cols] for r in rows]
+
 def results_table(rows: list[dict]):
     "The epoch results as a DataFrame of display strings."
     import pandas as pd
-    cols = list(dict.fromkeys(k for r in rows for k in r))
-    return pd.DataFrame([{k: _fmt_val(k, r.get(k)) for k in cols} for r in rows], columns=cols)
+    cols, cells = _cells(rows)
+    return pd.DataFrame(cells, columns=cols)
+
+def results_text(rows: list[dict]) -> str:
+    "The same table as plain text, its columns right-aligned (what a terminal or a plain-text view shows)."
+    cols, cells = _cells(rows)
+    w = [max(len(x) for x in col) for col in zip(cols, *cells)]
+    return '\n'.join(' '.join(x.rjust(n) for x, n in zip(r, w)) for r in [cols, *cells])
 
 _T = 'table.trainer-nb-results'
 RESULTS_CSS = (   # one look wherever the table shows: inside the live widget, in the static record, on a docs page
@@ -93,7 +105,10 @@ RESULTS_CSS = (   # one look wherever the table shows: inside the live widget, i
     f"{_T} th,{_T} td{{text-align:right;padding:2px 10px;line-height:1.4;border:none;white-space:nowrap}}"
     f"{_T} thead{{border-bottom:1px solid var(--jp-border-color1,#bdbdbd)}}"
     f"{_T} tbody tr:nth-child(odd){{background:var(--jp-rendermime-table-row-background,#f5f5f5)}}"
-    f"{_T} caption{{caption-side:top;text-align:left;font-size:11px;opacity:.75;padding:0 10px 2px}}</style>")
+    f"{_T} caption{{caption-side:top;text-align:left;font-size:11px;opacity:.75;padding:0 10px 2px}}"
+    # on a narrow output (a phone): the dashboard and the record are containers, and their table tightens
+    ".trainer-nb-progress,.trainer-nb-progress-done{container-type:inline-size}"
+    f"@container (max-width:520px){{{_T}{{font-size:11px}}{_T} th,{_T} td{{padding:2px 4px}}}}</style>")
 
 def results_html(rows: list[dict], last: int | None = None) -> str:
     """The same table as HTML, styled by `RESULTS_CSS` (written directly: a fraction of a millisecond, where pandas'
@@ -133,33 +148,52 @@ def open_view(name: str, *args):
     cls = VIEWS[name]
     return cls(*args) if _send is None else RemoteView(_send, cls, args)
 
-# %% ../nbs/03_progress.ipynb #0e3a32b3
+# %% ../nbs/03_progress.ipynb #fa89b24b
+DASHBOARD_CSS = (
+    "<style>.trainer-nb-progress{container-type:inline-size}"
+    ".tnb-dash .tnb-row{display:flex;flex-wrap:wrap;align-items:center;margin:3px 0;line-height:1.5}"
+    ".tnb-dash .tnb-label{width:4.5em;flex:none}"
+    ".tnb-dash .tnb-bar{width:40%;height:1em;flex:none;margin-right:.6em;border-radius:2px;overflow:hidden;"
+    "background:var(--jp-layout-color3,#e0e0e0)}"
+    ".tnb-dash .tnb-bar>div{height:100%;background:var(--jp-brand-color1,#1976d2)}"
+    ".tnb-dash .tnb-nw{white-space:nowrap;margin-left:.6em}"
+    "@container (max-width:520px){.tnb-dash .tnb-bar{flex:1 1 auto;width:auto;margin-right:0}"
+    ".tnb-dash .tnb-text{flex:1 0 100%;padding-left:4.5em;box-sizing:border-box}}</style>")
+
+def _bar_row(label: str, value: int, lo: int, hi: int, text: str) -> str:
+    "One bar of the dashboard, `value` in `[lo, hi]`, with its label and its text (HTML)."
+    done = min(max((value - lo) / (hi - lo), 0.0), 1.0) if hi > lo else 0.0
+    return (f"<div class='tnb-row'><b class='tnb-label'>{label}</b><div class='tnb-bar'>"
+            f"<div style='width:{100 * done:.1f}%'></div></div><span class='tnb-text'>{text}</span></div>")
+
 class Dashboard:
-    "The dashboard's widgets: epoch and batch bars with their texts, the results table; a static record at the end."
+    """The dashboard: one HTML widget with the epoch and batch bars, their texts and the results table; a static
+    record in its place at the end."""
     def __init__(self, n_epochs: int, n_batches: int, first_epoch: int = 0):   # the bar: epochs first..n_epochs
         import ipywidgets as W
-        lab = lambda t: W.HTML(f"<b>{t}</b>", layout=W.Layout(width='4.5em'))
-        bar = lambda lo, m: W.IntProgress(value=lo, min=lo, max=max(m, lo + 1), layout=W.Layout(width='40%'))
-        self.w_epoch_bar, self.w_epoch_txt = bar(first_epoch, n_epochs), W.HTML()
-        self.w_batch_bar, self.w_batch_txt = bar(0, n_batches), W.HTML()
-        self.w_table = W.HTML()
-        self.w_box = W.VBox([W.HBox([lab('epoch'), self.w_epoch_bar, self.w_epoch_txt]),
-                             W.HBox([lab('batch'), self.w_batch_bar, self.w_batch_txt]), self.w_table])
-        self.w_box.add_class('trainer-nb-progress')
-        self.handle = display_handle(self.w_box)
+        self.bounds = {'epoch': (first_epoch, max(n_epochs, first_epoch + 1)), 'batch': (0, max(n_batches, 1))}
+        self.values, self.texts, self.table = {'epoch': first_epoch, 'batch': 0}, {'epoch': '', 'batch': ''}, ''
+        self.widget = W.HTML(self.html())
+        self.widget.add_class('trainer-nb-progress')
+        self.handle = display_handle(self.widget)
+
+    def html(self) -> str:
+        "What the widget shows now."
+        bars = ''.join(_bar_row(k, self.values[k], *self.bounds[k], self.texts[k]) for k in ('epoch', 'batch'))
+        return f"{DASHBOARD_CSS}<div class='tnb-dash'>{bars}{self.table}</div>"
 
     def update(self, epoch: int, epoch_text: str, batch: int | None, batch_text: str, table: str | None = None):
         "Set the bars (`batch=None` leaves the batch bar as it is), their texts and, when given, the table's HTML."
-        self.w_epoch_bar.value, self.w_epoch_txt.value = epoch, epoch_text
-        if batch is not None: self.w_batch_bar.value = batch
-        self.w_batch_txt.value = batch_text
-        if table is not None: self.w_table.value = table
+        self.values['epoch'], self.texts['epoch'] = epoch, epoch_text
+        if batch is not None: self.values['batch'] = batch
+        self.texts['batch'] = batch_text
+        if table is not None: self.table = table
+        self.widget.value = self.html()
 
     def finish(self, html: str, text: str):
-        "Replace the widgets by a static record: `html` for notebooks, the same as `text` for what shows only text."
+        "Replace the widget by a static record: `html` for notebooks, the same as `text` for what shows only text."
         if self.handle is not None: self.handle.update({'text/html': html, 'text/plain': text}, raw=True)
-        for w in (self.w_box, self.w_epoch_bar, self.w_epoch_txt, self.w_batch_bar, self.w_batch_txt, self.w_table):
-            w.close()
+        self.widget.close()
 
 VIEWS['dashboard'] = Dashboard
 
@@ -182,17 +216,12 @@ class _ProgressNumbers:
                     elapsed=el_fit, eta=el_fit * (1 - frac) / frac if frac > 0 else float('nan'),
                     loss=self.smooth.value)
 
-# %% ../nbs/03_progress.ipynb #aacb7a7e
+# %% ../nbs/03_progress.ipynb #f77037a6
 class _ProgressWidgets:
     "The notebook part of `Progress`: the texts of a snapshot, sent to a `Dashboard` view."
     def _widget_start(self):
         s = self.trainer.state
         self.view = open_view('dashboard', s.epochs, s.n_batches, s.epoch)
-
-    def __getattr__(self, name: str):   # the dashboard's widgets, e.g. `progress.w_batch_txt`, when built here
-        view = self.__dict__.get('view')
-        if name.startswith('w_') and isinstance(view, Dashboard): return getattr(view, name)
-        raise AttributeError(name)
 
     def _texts(self, p, phase=None):
         ep = f"{p['epoch']}/{p['n_epochs']} [{fmt_time(p['elapsed'])}&lt;{fmt_time(p['eta'])}]"
@@ -200,8 +229,8 @@ class _ProgressWidgets:
         bt = f"{p['batch']}/{n}" if n else f"{p['batch']}"
         bt += f" [{fmt_time(p['elapsed_epoch'])}&lt;{fmt_time(p['eta_epoch'])}"
         bt += f", {p['rate']:.1f} it/s]" if math.isfinite(p['rate']) else "]"
-        if math.isfinite(p['loss']): bt += f" &nbsp;loss {p['loss']:.4f}"
-        if phase: bt += f" &nbsp;<i>{phase}</i>"
+        if math.isfinite(p['loss']): bt += f" <span class='tnb-nw'>loss {p['loss']:.4f}</span>"
+        if phase: bt += f" <span class='tnb-nw'><i>{phase}</i></span>"
         return ep, bt
 
     def _widget_update(self, p, phase=None, table=False):
@@ -224,13 +253,13 @@ class _ProgressWidgets:
 
     def _final_text(self) -> str:
         line = f"{self.status}: {self._final_line(self.snapshot())}"
-        return line + ('\n' + results_table(self.rows).to_string(index=False) if self.rows else '')
+        return line + ('\n' + results_text(self.rows) if self.rows else '')
 
     def _widget_finish(self):
         self.final_html = self._final_html()
         self.view.finish(self.final_html, self._final_text())
 
-# %% ../nbs/03_progress.ipynb #2aa4d268
+# %% ../nbs/03_progress.ipynb #c14cf6e5
 class _ProgressText:
     "The terminal part of `Progress`: a tqdm bar per epoch and one line of results per epoch."
     def _out(self): return self.file if self.file is not None else sys.stdout
@@ -255,8 +284,8 @@ class _ProgressText:
 
     def _text_epoch_line(self):
         self._close_bar()
-        rows = results_table(self.rows)
-        cols, r = list(rows.columns), rows.iloc[-1].tolist()
+        cols, cells = _cells(self.rows)
+        r = cells[-1]
         w = [max(len(c), 10) for c in cols]
         out = self._out()
         if not self._text_header_done:
