@@ -502,7 +502,8 @@ class Trainer:
 
     @property
     def history(self):
-        "One row per epoch (a `pandas.DataFrame`), kept by the `Recorder` hook (a default hook)."
+        """One row per epoch, indexed by the epoch (a `pandas.DataFrame`, `time` as durations), kept by the `Recorder`
+        hook (a default hook)."""
         keepers = [h for h in self.hooks if hasattr(type(h), 'history')]   # the Recorder (or a hook doing its job)
         if len(keepers) != 1:
             raise LookupError(f"trainer.history is kept by a Recorder hook: this trainer has {len(keepers)} (hooks: "
