@@ -89,7 +89,7 @@ def test_two_processes_same_weights_result_and_saved_display(tmp_path, monkeypat
     assert (r2['n'], r2['rank'], r1['n']) == (2, 0, 1)          # rank 0's return value came back
     for k, v in r1['weights'].items(): torch.testing.assert_close(r2['weights'][k], v, atol=1e-5, rtol=0)
     h2, h1 = r2['history'], r1['history']
-    assert list(h2['epoch']) == [1, 2] and list(h2.columns) == list(h1.columns)
+    assert list(h2.index) == [1, 2] and list(h2.columns) == list(h1.columns)
     assert abs(h2['valid_loss'].iloc[-1] - h1['valid_loss'].iloc[-1]) < 1e-4 * max(1, h1['valid_loss'].iloc[-1])
     # two worker processes ran, other than the kernel, and none is left
     pids = worker_pids(pid_dir) - {res['kernel']}   # the one-process run wrote the kernel's

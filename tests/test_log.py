@@ -33,7 +33,7 @@ def test_log_from_step_model_and_hook_into_history_and_metrics_jsonl(tmp_path):
                 hooks=[Recorder(), Every(), MetricsLog(tmp_path)], default_hooks=False, sync_every=4)
     t.fit(2)
     h = t.history
-    assert list(h.columns) == ['epoch', 'train_loss', 'valid_loss', 'iteration', 'out_mean', 'x_abs', 'time']
+    assert list(h.columns) == ['train_loss', 'valid_loss', 'iteration', 'out_mean', 'x_abs', 'time']
     for k in ('out_mean', 'x_abs'):
         assert h[k].tolist() == pytest.approx([sum(seen[k][:6]) / 6, sum(seen[k][6:]) / 6], rel=1e-6), k
     assert h['iteration'].tolist() == [3.5, 9.5]   # means of 1..6 and 7..12 (after_batch sees the counter advanced)

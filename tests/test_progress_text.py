@@ -190,4 +190,4 @@ def test_one_epoch_numbering_in_text_mode_across_fits(capsys):
     assert bars == [('1', '2'), ('2', '2'), ('3', '4'), ('4', '4')], bars
     lines = [l.split() for l in out.getvalue().splitlines()]
     assert [l[0] for l in lines] == ['epoch', '1', '2', 'epoch', '3', '4'], lines   # a header per fit
-    assert list(tr.history.epoch) == [1, 2, 3, 4] and tr.epoch_results['epoch'] == tr.state.epoch == 4
+    assert list(tr.history.index) == [1, 2, 3, 4] and tr.epoch_results['epoch'] == tr.state.epoch == 4

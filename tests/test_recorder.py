@@ -93,12 +93,32 @@ def test_history_has_one_row_per_epoch_with_the_metrics():
     t = make(n_batches=4, metrics=[accuracy], hooks=[Spy()])
     t.fit(2); t.fit(1)
     h = t.history
-    assert list(h.columns) == ['epoch', 'train_loss', 'valid_loss', 'accuracy', 'time'] and h.epoch.tolist() == [1, 2, 3]
-    assert np.isclose(h.train_loss[2], np.mean(t.get_hook(Spy).losses), rtol=1e-6)
-    assert h.valid_loss[2] == pytest.approx(t.evaluate()['valid_loss']) and h.accuracy.between(0, 1).all()
+    # one numbering, the dashboard's: the epoch (from 1, on across fits) is the index, no 0-based one beside it
+    assert list(h.columns) == ['train_loss', 'valid_loss', 'accuracy', 'time'] and h.index.tolist() == [1, 2, 3]
+    assert h.index.name == 'epoch' and h.loc[3, 'train_loss'] == h.train_loss.iloc[-1]
+    assert np.isclose(h.loc[3, 'train_loss'], np.mean(t.get_hook(Spy).losses), rtol=1e-6)
+    assert h.loc[3, 'valid_loss'] == pytest.approx(t.evaluate()['valid_loss']) and h.accuracy.between(0, 1).all()
     no_valid = make(n_batches=4, valid=False)
     no_valid.fit(1)
-    assert list(no_valid.history.columns) == ['epoch', 'train_loss', 'time']
+    assert list(no_valid.history.columns) == ['train_loss', 'time'] and no_valid.history.index.tolist() == [1]
+
+
+def test_history_time_is_a_duration_shown_as_the_dashboard_shows_it():
+    from trainer_nb.progress import fmt_time
+    rec = Recorder()
+    rec.load_state_dict({'step': [], 'iteration': [], 'loss': [], 'lr': [], 'mom': None, 'epoch_step': [4, 8, 12],
+                         'epochs': [{'epoch': e, 'train_loss': 0.5, 'time': s} for e, s in
+                                    ((1, 3.469543), (2, 0.4), (3, 3725.2))]})
+    h = rec.history
+    assert h.time.dtype.kind == 'm' and h.time.dt.total_seconds().tolist() == pytest.approx([3.469543, 0.4, 3725.2])
+    assert h.time.sum().total_seconds() == pytest.approx(3729.069543) and h.time.idxmax() == 3
+    shown = [l.split()[-1] for l in repr(h).splitlines()[2:]]   # (a line of column names, one with the index's)
+    assert shown == [fmt_time(s) for s in (3.469543, 0.4, 3725.2)] == ['00:03', '00:00', '1:02:05']   # the dashboard's
+    html = h._repr_html_()
+    assert '<td>00:03</td>' in html and '<td>1:02:05</td>' in html and '3.469543' not in html
+    # printing changed nothing in the table
+    assert h.time.dtype.kind == 'm' and h.time.iloc[0].total_seconds() == pytest.approx(3.469543)
+    assert Recorder().history.empty and Recorder().history.time.dtype.kind == 'm'
 
 
 def test_arrays_mid_fit_and_downsampled():
@@ -255,7 +275,7 @@ def test_a_stopped_fit_keeps_its_steps_and_the_next_fit_records_on():
     bl = np.array(t.get_hook(AllLosses).losses)
     expected = [bl[i - 2:i].mean() if i not in (7, 16) else bl[i - 1] for i in steps.iteration]
     np.testing.assert_allclose(steps.loss, expected, rtol=1e-6)
-    assert t.history.epoch.tolist() == [1, 2]   # the stopped epoch did not finish; the next fit ran it
+    assert t.history.index.tolist() == [1, 2]   # the stopped epoch did not finish; the next fit ran it
 
 
 def test_a_step_whose_after_step_was_cut_short_is_recorded():
@@ -301,7 +321,7 @@ def test_state_dict_is_json_and_round_trips():
     t2.get_hook(Recorder).load_state_dict(state)
     t2.fit(1)
     s2 = t2.get_hook(Recorder).steps
-    assert s2.step.tolist() == list(range(1, 16)) and s2.loss.notna().all() and t2.history.epoch.tolist() == [1, 2, 3]
+    assert s2.step.tolist() == list(range(1, 16)) and s2.loss.notna().all() and t2.history.index.tolist() == [1, 2, 3]
 
 
 def test_plots_return_figures():

@@ -186,3 +186,38 @@ def test_optimizer_lr_zero_is_refused_when_made():
                 default_hooks=False)
     t.fit(1, lr=0.2)
     assert [g['lr'] for g in t.opt.param_groups] == [0.2, 0.0]
+
+
+def test_a_warning_in_a_notebook_is_one_line_of_text_in_the_cell(tmp_path, monkeypatch):
+    """In a real kernel, a resume with a changed config leaves in the saved notebook one stderr text that begins
+    `TrainerWarning:` and lists the difference: no library file or source line, no notice printed beside it. A
+    warning of any other category keeps Python's display."""
+    from conftest import REPO
+    from test_browser import run_nbclient
+    setup = f"""\
+import sys, warnings
+sys.path.insert(0, {str(REPO)!r})
+import torch, torch.nn.functional as F
+from torch.utils.data import DataLoader, TensorDataset
+from trainer_nb.base import CancelFit, Hook
+from trainer_nb.checkpoint import Checkpoint
+from trainer_nb.core import Trainer
+x = torch.randn(48, 4, generator=torch.Generator().manual_seed(0))
+dl = DataLoader(TensorDataset(x, x.sum(1, keepdim=True)), batch_size=8)
+def make(*hooks):
+    return Trainer(torch.nn.Linear(4, 1), dl, loss_func=F.mse_loss, cpu=True, default_hooks=False,
+                   hooks=[Checkpoint({str(tmp_path / 'run')!r}, monitor=None), *hooks])
+class Crash(Hook):
+    def after_batch(self):
+        if self.trainer.state.iteration == 8: raise CancelFit('crash')
+make(Crash()).fit(2)"""
+    nb = run_nbclient(tmp_path, monkeypatch, [setup, "t = make()\nt.fit(2, resume='last')",
+                                              "warnings.warn('from elsewhere', UserWarning)"])
+    setup_outs, resume_outs, other_outs = (c.get('outputs', []) for c in nb.cells)
+    assert setup_outs == []
+    config = tmp_path / 'run' / 'config.json'
+    assert [(o['output_type'], o.get('name'), o.get('text')) for o in resume_outs] == [('stream', 'stderr', (
+        f"TrainerWarning: Resuming with a changed config (step-00000006: 1 difference; {config} now holds the new "
+        'one):\n  trainer.hooks: ["Crash", "Checkpoint"] -> ["Checkpoint"]\n'))]
+    [other] = other_outs
+    assert other['name'] == 'stderr' and ': UserWarning: from elsewhere\n' in other['text']   # file:line: Category:

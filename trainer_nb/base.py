@@ -12,7 +12,7 @@ from dataclasses import dataclass, asdict
 __all__ = ['EVENTS', 'BATCH_EVENTS', 'CANCELS', 'RESERVED', 'CancelBatch', 'CancelEpoch', 'CancelFit', 'annotate', 'hook_error',
            'Hook', 'MainProcessHook', 'unknown_events', 'hooks_of', 'EventCalls', 'LoopState', 'LossLog',
            'LoggedValues', 'loader_generators', 'rng_state', 'set_rng_state', 'Smoother', 'smooth', 'name_of',
-           'to_plain', 'to_cpu', 'batch_size', 'has_len', 'check_idle']
+           'to_plain', 'to_cpu', 'batch_size', 'has_len', 'check_idle', 'TrainerWarning']
 
 # %% ../nbs/00_base.ipynb #e4266d3d
 import numpy as np
@@ -99,7 +99,7 @@ class EventCalls(dict):
                 close = difflib.get_close_matches(n, EVENTS, n=1)
                 warnings.warn(f"Hook {h.name} has a method {n!r} that matches no event and will never run"
                               + (f"; did you mean {close[0]!r}?" if close else f"; events are {EVENTS}"),
-                              stacklevel=4)
+                              TrainerWarning, stacklevel=4)
 
     def run(self, event: str):
         "Run one event's hooks, naming the hook and the event in any error they raise."
@@ -354,7 +354,7 @@ def set_rng_state(st: dict, dl=None):
         gens = loader_generators(dl)
         if len(gens) != len(st['loader']):
             warnings.warn(f"The data loader has {len(gens)} generators, the saved state {len(st['loader'])}: "
-                          "the data order may differ from the saved run's")
+                          "the data order may differ from the saved run's", TrainerWarning)
         for g, s in zip(gens, st['loader']): g.set_state(_unb64(s))
 
 # %% ../nbs/00_base.ipynb #3eb9932d
@@ -420,3 +420,17 @@ def has_len(dl) -> int | None:
 def check_idle(trainer, what: str):
     "Refuse to `what` (e.g. 'add hooks') while `trainer`'s fit is running."
     if trainer.fitting: raise RuntimeError(f"Can't {what} while fit is running")
+
+# %% ../nbs/00_base.ipynb #b8d4f6e2
+class TrainerWarning(UserWarning):
+    """A warning of the library's to the person running it: shown as one line, `TrainerWarning: message`, without
+    file name or source line. Filtered and caught as any `UserWarning`."""
+
+_FORMAT_BEFORE = warnings.formatwarning   # the format of every other warning, left as it was
+
+def _format_warning(message, category, filename, lineno, line=None) -> str:
+    "`warnings.formatwarning` for a `TrainerWarning` (its name and message); any other warning as before."
+    if isinstance(category, type) and issubclass(category, TrainerWarning): return f"{category.__name__}: {message}\n"
+    return _FORMAT_BEFORE(message, category, filename, lineno, line)
+
+warnings.formatwarning = _format_warning

@@ -17,7 +17,7 @@ __all__ = ['list_checkpoints', 'verify_checkpoint', 'run_config', 'config_diff',
 # %% ../nbs/06_checkpoint.ipynb #77d58462
 import numpy as np
 import torch
-from .base import CancelFit, Hook, MainProcessHook, name_of, rng_state, to_plain
+from .base import CancelFit, Hook, MainProcessHook, TrainerWarning, name_of, rng_state, to_plain
 
 # %% ../nbs/06_checkpoint.ipynb #dda70a9d
 _NAME = re.compile(r'^step-(\d+)$')
@@ -201,7 +201,7 @@ def _try_lock(dir: Path, lock: Path, me: dict) -> int | None:
         return None
     prev = _lock_owner(fd)
     if prev and (prev.get('pid'), prev.get('host')) != (me['pid'], me['host']):
-        warnings.warn(f"Taking over the lock of {dir} left by process {prev.get('pid')}, which is gone")
+        warnings.warn(f"Taking over the lock of {dir} left by process {prev.get('pid')}, which is gone", TrainerWarning)
     os.ftruncate(fd, 0)
     os.pwrite(fd, json.dumps(me).encode(), 0)
     os.fsync(fd)
@@ -214,7 +214,7 @@ def _take_lock(dir: Path) -> int | None:
     itself in it) before the next one looks."""
     try: import fcntl
     except ImportError:   # no flock on this platform
-        warnings.warn(f"File locks are not available here: {dir} is not locked against a second run")
+        warnings.warn(f"File locks are not available here: {dir} is not locked against a second run", TrainerWarning)
         return None
     lock, me = dir / 'LOCK', {'pid': os.getpid(), 'host': socket.gethostname()}
     turn = os.open(dir, os.O_RDONLY)
@@ -292,7 +292,7 @@ class RunDir:
 
     def write_config(self, cfg: dict, resumed_from=None) -> list[str]:
         """Write `config.json` atomically. `resumed_from`: the checkpoint this run continues; where the `config.json` of
-        its run differs from `cfg`, print each difference and warn. Returns the differences."""
+        its run differs from `cfg`, warn (a `TrainerWarning` listing each difference). Returns the differences."""
         old_file = None if resumed_from is None else Path(resumed_from).parent / 'config.json'
         diff = []
         if old_file is not None and old_file.is_file():
@@ -300,11 +300,11 @@ class RunDir:
             except ValueError: old = None   # unreadable: replaced below
             diff = config_diff(old, cfg) if isinstance(old, dict) else []
         if diff:
-            print(f"Resuming {Path(resumed_from).name} with a config that differs from {old_file}:",
-                  *(f"  {l}" for l in diff), sep='\n', flush=True)
-            keys = [l.split(': ', 1)[0] for l in diff]
-            warnings.warn(f"Resuming with a changed config ({len(keys)} difference{'s' * (len(keys) > 1)}: "
-                          f"{', '.join(keys)}); {self.path / 'config.json'} now holds the new one")
+            new_file = self.path / 'config.json'
+            where = (f"{new_file} now holds the new one" if new_file == old_file
+                     else f"compared with {old_file}; {new_file} holds the new one")
+            warnings.warn(f"Resuming with a changed config ({Path(resumed_from).name}: {len(diff)} difference"
+                          f"{'s' * (len(diff) > 1)}; {where}):\n" + '\n'.join(f"  {l}" for l in diff), TrainerWarning)
         tmp = self.path / '.config.json.tmp'
         _write_json(tmp, cfg, indent=2)
         os.replace(tmp, self.path / 'config.json')
@@ -516,7 +516,7 @@ def _newest(dir: Path, resume) -> Path:
         if (p / _MANIFEST).is_file():
             for q, why in incomplete:
                 warnings.warn(f"Checkpoint {q} is newer than {p.name} but can't be resumed from: {why}. "
-                              f"Resuming from {p} (resume={resume!r})")
+                              f"Resuming from {p} (resume={resume!r})", TrainerWarning)
             return p
         incomplete.append((p, _lacks(p)))
     if not found:
@@ -597,13 +597,14 @@ def _check_compatible(t, st: dict):
     "Warn where the checkpoint's run differs from this one; refuse a different kind of schedule."
     acc, s = t.accelerator, t.state
     if st['grad_accum'] != t.grad_accum:
-        warnings.warn(f"The checkpoint was taken with grad_accum={st['grad_accum']}, this trainer has {t.grad_accum}")
+        warnings.warn(f"The checkpoint was taken with grad_accum={st['grad_accum']}, this trainer has {t.grad_accum}",
+                      TrainerWarning)
     if st['num_processes'] != acc.num_processes:
         warnings.warn(f"The checkpoint was taken on {st['num_processes']} processes, this run has {acc.num_processes}: "
-                      "the data order differs")
+                      "the data order differs", TrainerWarning)
     if s.epochs - s.epoch != st['fit_epochs']:
         warnings.warn(f"The interrupted fit was asked for {st['fit_epochs']} epochs, this one for "
-                      f"{s.epochs - s.epoch}: its schedule continues from the checkpoint's state")
+                      f"{s.epochs - s.epoch}: its schedule continues from the checkpoint's state", TrainerWarning)
     saved, mine = sorted(st.get('schedulers') or {}), sorted(t.schedulers or {})
     if bool(saved) != bool(mine):
         raise ValueError("The checkpoint was taken " + ("with" if saved else "without") + " a scheduler, this fit has "
@@ -709,7 +710,8 @@ class _CheckpointSaving(_CheckpointRun):
             self._warned = True
             nothing = " and load_best_at_end loads nothing" if self.load_best_at_end else ""
             warnings.warn(f"Checkpoint monitors {self.monitor!r}, which is not among this epoch's results {list(res)}: "
-                          f"no checkpoint is marked best{nothing} (pass monitor= one of them, or monitor=None)")
+                          f"no checkpoint is marked best{nothing} (pass monitor= one of them, or monitor=None)",
+                          TrainerWarning)
         v = res.get(self.monitor) if self.monitor else None
         better = isinstance(v, (int, float)) and not math.isnan(v) and (
             self.best_value is None or (v < self.best_value if self.mode == 'min' else v > self.best_value))
@@ -727,7 +729,7 @@ class _CheckpointSaving(_CheckpointRun):
             nothing = " and load_best_at_end loads nothing" if self.load_best_at_end else ""
             warnings.warn(f"Checkpoint monitors {self.monitor!r}, which only validation reports, and the trainer has "
                           f"no valid_dl: no checkpoint is marked best{nothing} (give the trainer a valid_dl, or pass "
-                          "monitor=None)")
+                          "monitor=None)", TrainerWarning)
 
     def _catch_signals(self):
         "Save and stop at the next step on SIGTERM and SIGINT (on the main thread only: where signals arrive)."
@@ -933,7 +935,8 @@ class EarlyStopping(Hook):
         if path is not None: load_weights(t, path)
         else: warnings.warn(f"EarlyStopping(restore_best=True): the weights of the best epoch ({self.best_epoch + 1}) "
                             "are neither in memory (it came before a resume) nor in a checkpoint (rotated away?): "
-                            "the model keeps its last weights. A Checkpoint monitoring the same metric keeps them")
+                            "the model keeps its last weights. A Checkpoint monitoring the same metric keeps them",
+                            TrainerWarning)
 
 # %% ../nbs/06_checkpoint.ipynb #c2ac2e3d
 def _json_value(v):
@@ -989,7 +992,8 @@ class MetricsLog(_MetricsFile, MainProcessHook):
         self._send = self.trackers and not any(getattr(h, 'logs_to_trackers', False) for h in self.trainer.hooks)
         if self._send and getattr(acc, 'log_with', None) and not acc.trackers:
             warnings.warn(f"The Accelerator has log_with={[str(x) for x in acc.log_with]} but no tracker started: call "
-                          "accelerator.init_trackers(project_name) before fit for MetricsLog to log to them")
+                          "accelerator.init_trackers(project_name) before fit for MetricsLog to log to them",
+                          TrainerWarning)
         self.path.parent.mkdir(parents=True, exist_ok=True)
         self._cut_back()
         self._f, self._t0 = open(self.path, 'a'), time.time()

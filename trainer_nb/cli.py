@@ -53,10 +53,12 @@ def save_curves(trainer: Trainer, path) -> Path:
     return Path(path)
 
 def _save_outputs(trainer: Trainer, run_dir: Path) -> list[str]:
-    "Write `history.csv` and `loss_lr.png` (when the trainer has a `Recorder`); the names of the files written."
+    """Write `history.csv` (the history, its `time` in seconds) and `loss_lr.png` (when the trainer has a `Recorder`);
+    the names of the files written."""
     if not any(isinstance(h, Recorder) for h in trainer.hooks): return []
     run_dir.mkdir(parents=True, exist_ok=True)
-    trainer.history.to_csv(run_dir / 'history.csv', index=False)
+    h = trainer.history
+    h.assign(time=h.time.dt.total_seconds()).to_csv(run_dir / 'history.csv')
     save_curves(trainer, run_dir / 'loss_lr.png')
     return ['history.csv', 'loss_lr.png']
 

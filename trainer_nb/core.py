@@ -20,7 +20,7 @@ from accelerate.utils.memory import clear_device_cache
 # %% ../nbs/00_core.ipynb #6fe0eead
 from .base import (EVENTS, CancelBatch, CancelEpoch, CancelFit, Hook, MainProcessHook, EventCalls, LoopState, LossLog,
                    LoggedValues, RESERVED, annotate, batch_size, check_idle, has_len, hooks_of, name_of, rng_state,
-                   set_rng_state, to_cpu, unknown_events)
+                   set_rng_state, to_cpu, unknown_events, TrainerWarning)
 from .schedule import one_cycle, cosine, constant
 from .recorder import Recorder
 from .progress import Progress
@@ -502,7 +502,8 @@ class Trainer:
 
     @property
     def history(self):
-        "One row per epoch (a `pandas.DataFrame`), kept by the `Recorder` hook (a default hook)."
+        """One row per epoch, indexed by the epoch (a `pandas.DataFrame`, `time` as durations), kept by the `Recorder`
+        hook (a default hook)."""
         keepers = [h for h in self.hooks if hasattr(type(h), 'history')]   # the Recorder (or a hook doing its job)
         if len(keepers) != 1:
             raise LookupError(f"trainer.history is kept by a Recorder hook: this trainer has {len(keepers)} (hooks: "
@@ -654,7 +655,7 @@ def _model_inputs(t, batch, skip=None) -> dict:
         noted.add(dropped)
         if t.is_main_process:
             warnings.warn(f"Batch keys {', '.join(map(repr, dropped))} dropped: {type(t.unwrapped_model).__name__}"
-                          ".forward takes no argument of that name", stacklevel=4)
+                          ".forward takes no argument of that name", TrainerWarning, stacklevel=4)
     return keep
 
 def _check_out(out, what='train_step') -> dict:
@@ -732,7 +733,7 @@ def _skip_non_finite(t, loss):
     if bad:
         v = d.item()
         warnings.warn(f"Skipped batch {s.batch + 1} of epoch {s.epoch + 1} (iteration {s.iteration}): " + (
-            f"non-finite loss {v}" if not math.isfinite(v) else "non-finite loss on another process"))
+            f"non-finite loss {v}" if not math.isfinite(v) else "non-finite loss on another process"), TrainerWarning)
         raise CancelBatch()
 
 def _non_finite_error(t, bad: int) -> FloatingPointError:
@@ -805,14 +806,16 @@ def _apply_plan(t, plan, epochs, max_steps=None):
     s = t.state
     if max_steps is None: s.max_step = 0
     elif not s.max_step:   # a checkpoint of a fit without max_steps: counted from the step it holds
-        warnings.warn(f"The fit saved in {plan.path} had no max_steps: {max_steps} steps from its step {s.step}")
+        warnings.warn(f"The fit saved in {plan.path} had no max_steps: {max_steps} steps from its step {s.step}",
+                      TrainerWarning)
         s.max_step = s.step + max_steps
     per_epoch = t.steps_per_epoch   # (no `epochs`: as many as the interrupted fit's steps need, as `_fit_end` says)
     need = epochs if epochs is not None else math.ceil(max_steps / per_epoch) if per_epoch else max_steps
     s.epochs = plan.fit_start + need
     if plan.stopped:   # a fit stopped by `CancelFit` at this epoch's end stays stopped (a Checkpoint hook says why)
         if not checkpoint_hooks(t):
-            warnings.warn(f"The fit saved in {plan.path} stopped there ({plan.stopped}): nothing left to train")
+            warnings.warn(f"The fit saved in {plan.path} stopped there ({plan.stopped}): nothing left to train",
+                          TrainerWarning)
             s.epochs = s.epoch
     elif plan.epoch < s.epochs: s.epoch, s.batch = plan.epoch, 0
     else: s.epoch = plan.epoch   # nothing left to train: the counters stay as the fit left them
@@ -1206,7 +1209,8 @@ def _load_hook_states(t, saved: dict):
     for k, h in t.hook_keys():
         if h.main_process_only and not main: continue
         if k in saved: h.load_state_dict(saved[k])
-        elif h.state_dict(): warnings.warn(f"The saved state holds nothing for hook {k}: it starts afresh")
+        elif h.state_dict():
+            warnings.warn(f"The saved state holds nothing for hook {k}: it starts afresh", TrainerWarning)
 
 _LOADER_COUNTERS = ('iteration', 'epoch', 'end_of_dataloader', 'remainder')
 
@@ -1290,13 +1294,13 @@ def _accelerator(accelerator, mixed_precision, grad_accum, cpu, log_with, projec
                                          ('cpu', cpu, False), ('log_with', log_with, None),
                                          ('project_dir', project_dir, None)) if v != default]
         if given: warnings.warn(f"{', '.join(given)} ignored: the accelerator passed decides them "
-                                "(give them to your Accelerator instead)", stacklevel=3)
+                                "(give them to your Accelerator instead)", TrainerWarning, stacklevel=3)
         return accelerator
     acc = Accelerator(mixed_precision=mixed_precision, gradient_accumulation_steps=grad_accum, cpu=cpu,
                       step_scheduler_with_optimizer=False, log_with=log_with, project_dir=project_dir)
     if acc.device.type == 'cpu' and acc.mixed_precision == 'fp16':
         warnings.warn("mixed_precision='fp16' needs a GPU: on the CPU Accelerate trains in float32 "
-                      "(use 'bf16' for mixed precision on the CPU)")
+                      "(use 'bf16' for mixed precision on the CPU)", TrainerWarning)
     return acc
 
 # %% ../nbs/00_core.ipynb #4bed3e72
@@ -1311,7 +1315,7 @@ def _make_optimizer(opt_func, model, lr):
                          "optimizer the LR to train at, or pass a factory such as opt_func=torch.optim.AdamW and lr=)")
     if lr is not None and lr != lr0:
         warnings.warn(f"lr={lr} ignored: the optimizer passed has its own, lr={lr0} (set it on the optimizer, or "
-                      "pass a factory such as opt_func=torch.optim.AdamW)", stacklevel=4)
+                      "pass a factory such as opt_func=torch.optim.AdamW)", TrainerWarning, stacklevel=4)
     return opt_func
 
 def _base_lrs(opt) -> list[float]:

@@ -12,6 +12,7 @@ from multiprocessing.connection import wait
 __all__ = ['check_kernel_untouched', 'WorkerError', 'launch']
 
 # %% ../nbs/12_launch.ipynb #4107187d
+from .base import TrainerWarning
 from .progress import send_views_to
 
 # %% ../nbs/12_launch.ipynb #c888b1e2
@@ -160,7 +161,7 @@ def launch(fn, *args, num_processes: int | None = None, mixed_precision: str = '
         _stop([p for p in _children() if p.pid not in before], pump)
         thread.join(_AGENT_GRACE)   # its agent sees the workers gone at its next check (every 0.1 s), and returns
         if thread.is_alive(): warnings.warn(f"launch: the launcher's thread is still running {_AGENT_GRACE} s after "
-                                            "its workers ended")
+                                            "its workers ended", TrainerWarning)
         raise
     finally:
         _stop([p for p in _children() if p.pid not in before], grace=0)

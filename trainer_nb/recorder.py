@@ -12,6 +12,7 @@ __all__ = ['new_figure', 'Recorder', 'Binned']
 # %% ../nbs/01_recorder.ipynb #b6e98ae6
 import numpy as np
 from .base import Hook, Smoother, to_plain
+from .progress import fmt_time
 
 # %% ../nbs/01_recorder.ipynb #3562dd8a
 class _Buf:
@@ -222,6 +223,39 @@ class _RecorderBooks:
         if len(t.losses) > t.losses.n_host: t.flush_losses()
         self._materialize()
 
+# %% ../nbs/01_recorder.ipynb #5b1e7c2a
+@functools.cache
+def _history_class():
+    "The `DataFrame` subclass of `Recorder.history` (made on first use: importing the library does not import pandas)."
+    import pandas as pd
+
+    class History(pd.DataFrame):
+        "The epochs' table: a `DataFrame` whose `time` durations print as the dashboard shows them (`m:ss`)."
+        @property
+        def _constructor(self): return History   # (how pandas keeps a subclass through its operations)
+
+        def _shown(self) -> pd.DataFrame:
+            "A plain copy to print, its durations as text (`assign` copies: the table itself is left as it is)."
+            df = pd.DataFrame(self)
+            if 'time' in df.columns and df['time'].dtype.kind == 'm':
+                df = df.assign(time=df['time'].dt.total_seconds().map(fmt_time))
+            return df
+
+        def __repr__(self): return repr(self._shown())
+        def _repr_html_(self): return self._shown()._repr_html_()
+        def __reduce__(self): return _as_history, (pd.DataFrame(self),)   # (pickled through a module-level name)
+    return History
+
+def _as_history(df): return _history_class()(df)
+
+def _history(epochs: list[dict]):
+    "The epochs' results as a `History`: indexed by `epoch`, `time` (seconds) as durations, in the last column."
+    import pandas as pd
+    df = pd.DataFrame(epochs) if epochs else pd.DataFrame(columns=['epoch', 'train_loss', 'time'])
+    df = df.set_index('epoch')
+    time = pd.to_timedelta(df.pop('time'), unit='s')
+    return _as_history(df.assign(time=time))
+
 # %% ../nbs/01_recorder.ipynb #6023c5db
 class _RecorderReading:
     "The `Recorder`'s records as DataFrames and arrays."
@@ -241,11 +275,9 @@ class _RecorderReading:
 
     @property
     def history(self):
-        "One row per completed epoch: `epoch, train_loss, valid_loss` (when validating), one column per metric, `time`."
-        import pandas as pd
-        if not self._epochs: return pd.DataFrame(columns=['epoch', 'train_loss', 'time'])
-        df = pd.DataFrame(self._epochs)
-        return df[[c for c in df.columns if c != 'time'] + (['time'] if 'time' in df.columns else [])]
+        """One row per completed epoch, indexed by `epoch` (from 1): `train_loss`, `valid_loss` (when validating), one
+        column per metric, and `time`, the epoch's duration (shown as the dashboard shows it; `.dt.total_seconds()`)."""
+        return _history(self._epochs)
 
     def per_epoch(self, key: str = 'valid_loss') -> tuple[np.ndarray, np.ndarray]:
         """`(steps, values)`: the step at the end of each epoch whose results hold a number for `key` (a metric's

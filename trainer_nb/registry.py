@@ -16,6 +16,7 @@ __all__ = ['KINDS', 'REGISTRIES', 'DEFAULTS', 'ConfigError', 'RegistryKeyError',
 import torch
 import torch.nn.functional as F
 import yaml
+from .base import TrainerWarning
 from .core import Trainer, PrintMetrics
 from .recorder import Recorder
 from .progress import Progress
@@ -64,7 +65,8 @@ class Registry(Mapping):
             raise TypeError(f"A trainer must be Trainer or a subclass of it, got {obj!r}")
         old = self._items.get(key)
         if old is not None and old is not obj:
-            warnings.warn(f"{self.kind} {key!r} registered again: {_where(obj)} replaces {_where(old)}", stacklevel=3)
+            warnings.warn(f"{self.kind} {key!r} registered again: {_where(obj)} replaces {_where(old)}", TrainerWarning,
+                          stacklevel=3)
         self._items[key] = obj
         return obj
 
