@@ -11,7 +11,7 @@ __all__ = ['LOG_SPAN', 'pack', 'PlotView', 'tick_label', 'draw_curves', 'static_
 
 # %% ../nbs/04_liveplot.ipynb #892d2db3
 import numpy as np
-from .base import MainProcessHook, name_of, smooth
+from .base import MainProcessHook, TrainerWarning, name_of, smooth
 from .progress import VIEWS, auto_beta, display_handle, open_view, resolve_mode
 from .recorder import Binned, Recorder
 
@@ -409,7 +409,7 @@ class _Frames:
         names = [x if isinstance(x, str) else name_of(x) for x in m]
         missing = [x for x in names if x not in have]
         if missing: warnings.warn(f"LivePlot: {missing} not among the trainer's metrics {have}: "
-                                  "drawn only if the epoch results hold them")
+                                  "drawn only if the epoch results hold them", TrainerWarning)
         return names
 
 # %% ../nbs/04_liveplot.ipynb #2ff436bd
@@ -438,7 +438,7 @@ class _Picture:
                 narrow = draw_curves(frame, True, w, self.dpi, self.scale)
                 view.finish(static_bundle(wide, narrow, round(w * self.dpi)))
         except Exception as e:   # never hide the fit's own outcome behind a drawing problem
-            warnings.warn(f"LivePlot could not draw the final curves: {type(e).__name__}: {e}")
+            warnings.warn(f"LivePlot could not draw the final curves: {type(e).__name__}: {e}", TrainerWarning)
             if view is not None: view.finish(None)
         finally: self.picture_time = time.perf_counter() - t
 
@@ -516,7 +516,7 @@ class LivePlot(_Frames, _Picture, MainProcessHook):
             frame = self.frame()
             if view is not None: view.show(*pack(frame))   # the end of the fit, at once
         except Exception as e:
-            warnings.warn(f"LivePlot could not draw the final curves: {type(e).__name__}: {e}")
+            warnings.warn(f"LivePlot could not draw the final curves: {type(e).__name__}: {e}", TrainerWarning)
             if view is not None: view.finish(None)
             return
         if isinstance(view, PlotView):   # drawn here: the fit returns, the picture follows (a cell waits for it)

@@ -13,7 +13,7 @@ __all__ = ['MODES', 'RESULTS_CSS', 'VIEWS', 'DASHBOARD_CSS', 'detect_mode', 'res
 
 # %% ../nbs/03_progress.ipynb #74f30a3d
 import torch
-from .base import MainProcessHook, CancelFit, Smoother
+from .base import MainProcessHook, CancelFit, Smoother, TrainerWarning
 
 # %% ../nbs/03_progress.ipynb #2863683d
 MODES = ('auto', 'widget', 'text', 'off')
@@ -351,7 +351,7 @@ class Progress(_ProgressNumbers, _ProgressWidgets, _ProgressText, MainProcessHoo
             if self.active == 'widget': self._widget_finish()
             else: self._text_finish()
         except Exception as e:   # never hide the fit's own outcome behind a display problem
-            warnings.warn(f"Progress could not close its display: {type(e).__name__}: {e}")
+            warnings.warn(f"Progress could not close its display: {type(e).__name__}: {e}", TrainerWarning)
         self.active = None
 
     def redraw(self, phase: str | None = None, table: bool = False):
