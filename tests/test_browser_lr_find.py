@@ -1,8 +1,11 @@
 """The interactive LR finder as a user drives it: in a real JupyterLab (headless Chromium), read the verdict on the sweep
 under the plot, drag the LR slider and see the dashed line follow within 50 ms a move (measured in the page), pick a
 suggestion and apply exactly the LR its button shows, and find that LR in `trainer.lr` in the next cell; one display per
-call; readable at 1400 and 420 px."""
+call; readable at 1400 and 420 px. Then the README's example: an LR chosen in the widget is the LR its next cell trains
+at."""
 import json, math, os, re, shutil
+
+import nbformat
 
 from conftest import REPO
 from jupyter_lab import lab_server, needs_browser, notebook_page, output_texts, run_cell, wait_for_text, write_notebook
@@ -201,3 +204,61 @@ def test_lr_find_widget_slider_and_apply(tmp_path):
     assert label2.startswith(f'trainer.lr = {shown}'), label2
     assert lr == float(shown) and lr != lr0, (lr, shown)
 
+
+def readme_cells() -> tuple[str, str]:
+    "The README's cell that runs the LR finder, and its next code cell (nbs/index.ipynb: the README is made from it)."
+    code = [c.source for c in nbformat.read(REPO / 'nbs' / 'index.ipynb', as_version=4).cells if c.cell_type == 'code']
+    i = next(i for i, c in enumerate(code) if 'lrs = trainer.lr_find()' in c)
+    return code[i], code[i + 1]
+
+
+@needs_browser
+def test_the_lr_chosen_in_the_widget_is_the_lr_the_readmes_next_cell_trains_at(tmp_path):
+    """The README's example in JupyterLab: drag the slider (no click on "Use this LR"), run the README's next cell, and
+    its fit's first step trains at the LR the readout showed divided by the one-cycle's `div` (25), the cycle peaking at
+    that LR; the finder's default pick is not what it trains at."""
+    finder, fit = readme_cells()
+    assert 'lrs.apply()' in fit and 'fit_one_cycle' in fit
+    cells = [f"import sys\nsys.path.insert(0, {str(REPO)!r})",
+             finder + "\nprint('DEFAULT', repr(lrs.choices[lrs.default]), 'LR0', repr(trainer.lr))",
+             fit,
+             "from trainer_nb.recorder import Recorder\nsteps = trainer.get_hook(Recorder).steps\n"
+             "print('FIRST', repr(float(steps.lr.iloc[0])), 'PEAK', repr(float(steps.lr.max())),\n"
+             "      'CHOSEN', repr(lrs.chosen), 'LR', repr(trainer.lr))"]
+    with lab_server(tmp_path) as server:
+        write_notebook(tmp_path / 'root/readme.ipynb', cells)
+        with notebook_page(server, 'readme.ipynb', viewport=(1400, 1300)) as page:
+            run_cell(page, 0)
+            run_cell(page, 1)
+            outs = wait_for_text(page, 'DEFAULT', cell=1, timeout=120)
+            m = re.search(rf'DEFAULT {FLOAT} LR0 {FLOAT}', outs[1])
+            default, lr0 = float(m[1]), float(m[2])
+            page.wait_for_selector('.tnb-lr-slider .noUi-handle')
+            page.locator('.tnb-lr-find').scroll_into_view_if_needed()
+            label0 = page.locator('.tnb-lr-label').inner_text().strip()
+            # drag the handle to a tenth of the track: far below the default pick
+            handle = page.locator('.tnb-lr-slider .noUi-handle').bounding_box()
+            track = page.locator('.tnb-lr-slider .noUi-target').bounding_box()
+            y = handle['y'] + handle['height'] / 2
+            page.mouse.move(handle['x'] + handle['width'] / 2, y)
+            page.mouse.down()
+            for k in range(1, 9):
+                page.mouse.move(handle['x'] + (track['x'] + 0.1 * track['width'] - handle['x']) * k / 8, y)
+            page.mouse.up()
+            readout = page.locator('.tnb-lr-slider .widget-readout').inner_text().strip()
+            label = _wait_text(page, '.tnb-lr-label', f'^trainer.lr = {re.escape(readout)}:')   # applied at once
+            run_cell(page, 2)
+            outs = wait_for_text(page, 'valid_loss', cell=2, timeout=120)
+            # the widget gave way to its static record, which says what was chosen
+            record = page.evaluate("() => document.querySelectorAll('.jp-CodeCell')[1].querySelector("
+                                   "'.jp-OutputArea').innerText")
+            run_cell(page, 3)
+            outs = wait_for_text(page, 'CHOSEN', cell=3)
+    m = re.search(rf'FIRST {FLOAT} PEAK {FLOAT} CHOSEN {FLOAT} LR {FLOAT}', outs[3])
+    first, peak, chosen, lr = map(float, m.groups())
+    assert label0 == '' and lr0 == 1e-3                        # before the drag: nothing chosen, nothing applied
+    assert label.startswith(f'trainer.lr = {readout}: the next fit uses it'), label
+    assert chosen == lr == float(readout) and float(readout) < default / 10, (readout, default)
+    # the first step at the chosen LR / 25; the peak (between two steps) just under it
+    assert math.isclose(first, chosen / 25, rel_tol=1e-9) and 0.99 * chosen < peak <= chosen, (first, peak, chosen)
+    assert f'trainer.lr = {readout}' in record and '.tnb-lr-find' not in record, record
