@@ -16,11 +16,12 @@ and, held out (written before the default pick was designed, not run while it wa
              parameter groups: the first layer frozen, the second at a tenth of the head's LR
   dropout    an MLP with two dropout layers of 0.5 on a 5-class mixture, batch 32
 
-One lr_find (weights seed 0, lr_find's defaults, the trainer with its validation loader as a user's would have)
-gives the default pick (`result.apply()`'s LR). Each LR (the pick, each LR of a 10-point log grid from 1e-4 to 1, the
-valley of fastai's rule) is scored the same way: train for the problem's few epochs with a one-cycle schedule peaking
-at that LR, once per seed in SEEDS (the seed sets the initial weights, the shuffling and dropout; the same seeds for
-every LR), and take the mean of the final validation losses (inf if a run diverged). Per problem:
+One lr_find (weights seed 0, lr_find's defaults unless `--check`/`--runs` say otherwise, the trainer with its
+validation loader as a user's would have) gives the default pick (`result.apply()`'s LR). Each LR (the pick, each LR of
+a 10-point log grid from 1e-4 to 1, the valley of fastai's rule) is scored the same way: train for the problem's few
+epochs with a one-cycle schedule peaking at that LR, once per seed in SEEDS (the seed sets the initial weights, the
+shuffling and dropout; the same seeds for every LR), and take the mean of the final validation losses (inf if a run
+diverged). Per problem:
     NAME: pick P loss L, best grid loss G, ratio R (over the sweeps' picks M, worst W); fastai valley V ratio F;
     spread S
 R = L / G and F (fastai's rule scored the same way, / G): lower is better. S: the largest over the smallest default
@@ -28,8 +29,9 @@ pick of four lr_finds that differ only in the seed of the sweep's batches (0, 1,
 the thread count (1, 2). The pick of each batch seed is trained too: the ratio's mean and worst over those picks say
 what a user gets from the default over sweeps, not from one.
 Details on indented lines: the sweep, the check's candidates and scores, the grid, every suggestion, the seed-to-seed
-spread of the losses (the ratios are only as precise as that), and the cost of lr_find (sweep and check) in
-optimizer steps as a fraction of one epoch, and in time against one training epoch. The table at the end has it all.
+spread of the losses (the ratios are only as precise as that), and the cost of lr_find (sweep and check): its optimizer
+steps (counted by a hook on the optimizer) against the sweep's own and as a fraction of one epoch, and its time against
+one training epoch. The table at the end has it all.
 
 fastai's rule: on the sweep's smoothed losses (fastai's sweep is the same: 1e-7 to 10 in 100 steps, a debiased EMA
 with beta 0.98, a stop at 4x the best), without the first tenth and the last 5 points, the longest decreasing
@@ -39,6 +41,7 @@ subsequence, and the point a third plus a sixth of the way along it (`valley_fas
     .venv/bin/python bench/lr_find_quality.py --jobs 2               # two problems at a time (under 3 minutes)
     .venv/bin/python bench/lr_find_quality.py --jobs 2 --sweep-seeds 6   # the stability over six batch seeds
     .venv/bin/python bench/lr_find_quality.py --quick --problems batch8,huber8   # one seed, no stability sweeps
+    .venv/bin/python bench/lr_find_quality.py --jobs 2 --sweep-seeds 6 --check 40 --runs 3   # with lr_find's check
 """
 import argparse, contextlib, math, multiprocessing, sys, time, warnings
 
@@ -50,7 +53,6 @@ from torch.utils.data import DataLoader, TensorDataset
 from sklearn.datasets import load_digits, make_moons
 
 from trainer_nb.core import Trainer
-from trainer_nb.lr_find import CHECK_STEPS
 
 SEEDS = (0, 1, 2)
 THREADS = 1   # for training (and the sweeps; the stability check also sweeps on 2)
@@ -302,16 +304,17 @@ def timed(f, *args, **kw):
     return out, time.perf_counter() - t0
 
 
-def pick_of(p, batch_seed=0, threads=THREADS):
-    "The default pick of one lr_find (weights from SEEDS[0], the sweep's batches from `batch_seed`)."
+def pick_of(p, lf, batch_seed=0, threads=THREADS):
+    """The default pick of one lr_find (`lf`: its arguments; weights from SEEDS[0], the sweep's batches from
+    `batch_seed`)."""
     torch.set_num_threads(threads)
-    try: return trainer(p, 1e-3, SEEDS[0], batch_seed=batch_seed).lr_find(show=False)._lr(None)
+    try: return trainer(p, 1e-3, SEEDS[0], batch_seed=batch_seed).lr_find(show=False, **lf)._lr(None)
     finally: torch.set_num_threads(THREADS)
 
 
-def run(name, seeds, stable):
+def run(name, seeds, stable, lf):
     "`(printed lines, table row)` for one problem (a failure is printed, and its row is None)."
-    try: return run1(name, seeds, stable)
+    try: return run1(name, seeds, stable, lf)
     except Exception as e:   # one problem's failure should not hide the others' results
         import traceback
         return [f"{name}: FAILED: {e!r}", traceback.format_exc()], None
@@ -320,7 +323,7 @@ def run(name, seeds, stable):
 def run_args(a): return run(*a)
 
 
-def run1(name, seeds, stable):
+def run1(name, seeds, stable, lf):
     torch.set_num_threads(THREADS)
     warnings.filterwarnings('ignore')
     out = []
@@ -328,18 +331,20 @@ def run1(name, seeds, stable):
     spec = PROBLEMS[name]
     p = (spec[0](), *spec[1:])
     t = trainer(p, 1e-3, SEEDS[0])   # with its validation loader, as a user's trainer: the check scores on it
-    res, took = timed(t.lr_find, show=False)
+    steps = []   # every optimizer step lr_find takes, sweep and check
+    t.opt.optimizer.register_step_post_hook(lambda *a: steps.append(1))
+    res, took = timed(t.lr_find, show=False, **lf)
     pick = res._lr(None)
     epoch = timed(trainer(p, 1e-3, SEEDS[0], valid=False).fit, 1)[1]
     nb = len(t.train_dl)
-    steps_check = sum(map(len, res.check_runs.values())) * CHECK_STEPS
+    steps_check = len(steps) - len(res.lrs)
     score = scorer(p, seeds)
     grid = [score(lr) for lr in GRID]
     G, best = min(grid), float(GRID[int(np.argmin(grid))])
     say(f"  {name}: {len(p[0][0])} train samples, batch {p[3]}, {nb} batches, {p[4]} epochs; "
         f"sweep {len(res.lrs)} steps from {res.lrs[0]:.0e} to {res.lrs[-1]:.2e}, stopped: {res.stop_reason}")
     say(f"  {name} verdict: {res.verdict}")
-    say(f"  {name} check (valid loss after {CHECK_STEPS} steps): "
+    say(f"  {name} check (valid loss after {lf.get('check', 'its default')} steps): "
         + ' '.join(f"{lr:.2e}:{v:.4f}" for lr, v in sorted(res.check.items()))
         + (f"; within 10% of the best: {res.level[0]:.2e} to {res.level[1]:.2e}" if res.level else ''))
     say(f"  {name} grid: " + ' '.join(f"{lr:.2e}:{g:.4f}" for lr, g in zip(GRID, grid)))
@@ -354,8 +359,9 @@ def run1(name, seeds, stable):
         f"{took:.1f}s, one training epoch {epoch:.2f}s: {took / epoch:.1f}x")
     sp, over = math.nan, (math.nan, math.nan)
     if stable:   # `stable`: how many batch seeds (0, 1, ...), beside seed 0 on 2 threads
-        seeded = [pick] + [pick_of(p, s) for s in range(1, stable)]   # one pick per batch seed
-        picks = {'seed0 1thr': pick, **{f'seed{s}': v for s, v in enumerate(seeded) if s}, 'seed0 2thr': pick_of(p, 0, 2)}
+        seeded = [pick] + [pick_of(p, lf, s) for s in range(1, stable)]   # one pick per batch seed
+        picks = {'seed0 1thr': pick, **{f'seed{s}': v for s, v in enumerate(seeded) if s},
+                 'seed0 2thr': pick_of(p, lf, 0, 2)}
         sp = max(picks.values()) / min(picks.values())
         say(f"  {name} stability: " + ', '.join(f"{k} {v:.2e}" for k, v in picks.items()) + f": spread {sp:.2f}x")
         rs = [score(v) / G for v in seeded]
@@ -365,15 +371,16 @@ def run1(name, seeds, stable):
     say(f"{name}: pick {pick:.2e} loss {L:.4f}, best grid loss {G:.4f}, ratio {L / G:.3f}"
         + (f" (over the sweeps' picks {over[0]:.3f}, worst {over[1]:.3f})" if stable else '')
         + f"; fastai valley {fv:.2e} ratio {F_:.3f}" + (f"; spread {sp:.2f}x" if stable else ''))
-    return out, (L / G, *over, F_, sp, (len(res.lrs) + steps_check) / nb, steps_check / nb, took / epoch)
+    return out, (L / G, *over, F_, sp, len(steps) / len(res.lrs), len(steps) / nb, steps_check / nb, took / epoch)
 
 
-def main(names, seeds, stable, jobs):
+def main(names, seeds, stable, jobs, lf):
     print(f"{len(names)} problems, one-cycle fits, grid {GRID[0]:.0e}..{GRID[-1]:.0e} ({len(GRID)} LRs), each LR scored "
           f"by the mean final valid loss over seeds {seeds}; 'fastai' is fastai's valley rule, reimplemented here, on "
-          f"the same sweep; {jobs} problem(s) at a time", flush=True)
+          f"the same sweep; {jobs} problem(s) at a time; lr_find({', '.join(f'{k}={v}' for k, v in lf.items())})",
+          flush=True)
     t0 = time.perf_counter()
-    args = [(n, seeds, stable) for n in names]
+    args = [(n, seeds, stable, lf) for n in names]
     rows = {}
     with multiprocessing.get_context('spawn').Pool(jobs) if jobs > 1 else contextlib.nullcontext() as pool:
         results = pool.imap(run_args, args) if jobs > 1 else map(run_args, args)
@@ -383,14 +390,14 @@ def main(names, seeds, stable, jobs):
     seeds_ = f"batch seeds 0-{stable - 1}"
     over_, spread_ = ((f"ratio over the picks of {seeds_}: mean", f"pick spread ({seeds_}, 1 vs 2 threads)") if stable
                       else ("ratio over orders (not run: --quick)", "pick spread (not run: --quick)"))
-    print(f"\n| problem | ratio | {over_} | worst | fastai valley | {spread_} | lr_find cost in epochs of steps "
-          "(sweep + check) | the check alone | lr_find time / epoch time |")
-    print("|---|---|---|---|---|---|---|---|---|")
+    print(f"\n| problem | ratio | {over_} | worst | fastai valley | {spread_} | lr_find's steps / the sweep's | "
+          "lr_find cost in epochs of steps (sweep + check) | the check alone | lr_find time / epoch time |")
+    print("|---|---|---|---|---|---|---|---|---|---|")
     for part, keep in (("designed on", lambda n: n not in HELD_OUT), ("held out", lambda n: n in HELD_OUT)):
-        for n, (r, rm, rw, f, sp, c, cc, tt) in rows.items():
+        for n, (r, rm, rw, f, sp, x, c, cc, tt) in rows.items():
             if not keep(n): continue
             m = (f"{rm:.3f} | {rw:.3f} | {f:.3f} | {sp:.2f}x" if stable else f"- | - | {f:.3f} | -")   # - : not run
-            print(f"| {n} ({part}) | {r:.3f} | {m} | {c:.1f} | {cc:.1f} | {tt:.1f}x |")
+            print(f"| {n} ({part}) | {r:.3f} | {m} | {x:.1f}x | {c:.1f} | {cc:.1f} | {tt:.1f}x |")
     print(f"\ntotal {time.perf_counter() - t0:.0f}s", flush=True)
 
 
@@ -401,9 +408,14 @@ if __name__ == '__main__':
     ap.add_argument('--jobs', type=int, default=1, help='problems run side by side (processes)')
     ap.add_argument('--sweep-seeds', type=int, default=3, help="the stability: lr_finds with the sweep's batches from "
                     "seeds 0 to this - 1 (and seed 0 on 2 threads)")
+    ap.add_argument('--check', type=int, default=None, help="lr_find's check (steps per trial; 0: none; default: "
+                    "lr_find's default)")
+    ap.add_argument('--runs', type=int, default=None, help="lr_find's runs of each candidate of the check (default: "
+                    "lr_find's default)")
     a = ap.parse_args()
     names = [n for n in a.problems.split(',') if n]
     unknown = [n for n in names if n not in PROBLEMS]
     if unknown: sys.exit(f"unknown problems {unknown}: choose from {list(PROBLEMS)}")
     if a.sweep_seeds < 1: sys.exit("--sweep-seeds must be at least 1")
-    main(names, SEEDS[:1] if a.quick else SEEDS, 0 if a.quick else a.sweep_seeds, a.jobs)
+    lf = {k: v for k, v in (('check', a.check), ('runs', a.runs)) if v is not None}   # lr_find's arguments
+    main(names, SEEDS[:1] if a.quick else SEEDS, 0 if a.quick else a.sweep_seeds, a.jobs, lf)

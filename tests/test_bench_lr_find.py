@@ -1,6 +1,7 @@
 "The LR finder's benchmark (bench/lr_find_quality.py): its problems are fixed, and it runs to the end."
 import importlib.util
 import math
+import re
 import subprocess
 import sys
 
@@ -39,16 +40,22 @@ def test_every_problem_has_the_same_data_whatever_ran_before():
 
 
 def test_the_benchmark_runs_to_the_end_and_prints_every_figure():
-    "One problem, two batch orders: the table's row has the ratio, its mean and worst over the orders, the spread."
-    out = subprocess.run([sys.executable, str(BENCH), '--problems', 'batch8', '--sweep-seeds', '2'], cwd=REPO,
-                         capture_output=True, text=True, timeout=600)
+    """One problem, two batch orders, lr_find with a check of 5 steps a run: the table's row has the ratio, its mean
+    and worst over the orders, the spread, and lr_find's steps against the sweep's, counted: the check's on top."""
+    out = subprocess.run([sys.executable, str(BENCH), '--problems', 'batch8', '--sweep-seeds', '2', '--check', '5',
+                          '--runs', '1'], cwd=REPO, capture_output=True, text=True, timeout=600)
     assert out.returncode == 0, out.stderr[-2000:]
-    assert 'FAILED' not in out.stdout
+    assert 'FAILED' not in out.stdout and 'lr_find(check=5, runs=1)' in out.stdout.splitlines()[0]
     row = next(line for line in out.stdout.splitlines() if line.startswith('| batch8 (designed on) |'))
     cells = [c.strip().rstrip('x') for c in row.strip('|').split('|')][1:]
-    ratio, mean, worst, fastai, spread, cost, check_cost, _ = map(float, cells)
-    assert all(math.isfinite(v) and v > 0 for v in (ratio, mean, worst, fastai, spread, cost, check_cost))
+    ratio, mean, worst, fastai, spread, steps, cost, check_cost, _ = map(float, cells)
+    assert all(math.isfinite(v) and v > 0 for v in (ratio, mean, worst, fastai, spread, steps, cost, check_cost))
     assert ratio <= worst and mean <= worst   # the first order's pick is one of those the worst is over
     assert spread >= 1 and check_cost < cost
+    # the steps counted: the sweep's, and the check's, 5 a trial at most (one that diverges stops), 8 trials at most
+    sweep, check = map(int, re.search(r'batch8 cost: the sweep (\d+) \+ the check (\d+) steps', out.stdout).groups())
+    trials = len(re.search(r'batch8 check \(valid loss after 5 steps\): (.*)', out.stdout)[1].split(';')[0].split())
+    assert 1 <= trials <= 8 and 0 < check <= 5 * trials, (sweep, check, trials)
+    assert steps == round((sweep + check) / sweep, 1), (steps, sweep, check)
     picks = next(line for line in out.stdout.splitlines() if "batch8 each batch seed's pick trained" in line)
     assert len(picks.split('trained: ')[1].split(';')[0].split()) == 2   # a pick (and its ratio) per batch order

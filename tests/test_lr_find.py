@@ -13,9 +13,9 @@ from torch.utils.data import DataLoader, TensorDataset
 
 from trainer_nb.base import Hook, LossLog
 from trainer_nb.core import Trainer
-from trainer_nb.lr_find import (CHECK_BELOW, CHECK_GRID, LRFindResult, LRFindWarning, MIN_POINTS, _bottom, _level,
-                                _lr_text, read_sweep, suggest, suggest_sweep, suggest_valley, suggest_steep,
-                                suggest_minimum, suggest_slide)
+from trainer_nb.lr_find import (CHECK_BELOW, CHECK_GRID, CHECK_STEPS, LRFindResult, LRFindWarning, MIN_POINTS,
+                                _bottom, _level, _lr_text, read_sweep, suggest, suggest_sweep, suggest_valley,
+                                suggest_steep, suggest_minimum, suggest_slide)
 
 pytestmark = pytest.mark.usefixtures('fresh_accelerate')
 ROOT = Path(__file__).resolve().parents[1]
@@ -289,12 +289,44 @@ def test_apply_sets_the_lr_of_the_next_fit():
     res = t.lr_find(show=False, num_it=30)
     assert t.lr == 1e-3 and res.valley != 1e-3
     lr = res.apply()
-    assert lr == res.choices[res.default] == t.lr and res.default in ('checked', 'fallback')
+    assert lr == res.choices[res.default] == t.lr and res.default in ('valley', 'fallback')
     seen.clear(); t.fit(1)
     assert seen == [lr] * (8 + 1)   # 8 training batches, 1 validation batch
     assert res.apply('valley') == res.valley == t.lr
     assert res.apply('minimum') == res.suggestions['minimum'] == t.lr
     with pytest.raises(KeyError): res.apply('nope')
+    assert res.chosen == res.suggestions['minimum'] and res.apply() == t.lr == res.chosen   # a choice stays chosen
+
+
+def test_the_lr_chosen_in_the_widget_is_the_lr_of_the_next_fit():
+    """A move of the slider, a suggestion picked and "Use this LR" are each a choice, applied at once: the LR of the
+    next fit's steps and what `apply()` returns. The default pick applies only where nothing was chosen; the browser
+    snapping the LR it was given to the slider's steps is no choice."""
+    t = make(); seed_all()
+    res = t.lr_find(show=False, num_it=30)
+    w, default = res.widget, res.choices[res.default]
+    seen = []
+    note_step_lrs(t, seen)
+    w.slider.value = default * 10 ** (0.4 * w.slider.step)      # snapped by the browser: not a move
+    assert res.chosen is None and t.lr == 1e-3 and w.label.value == ''
+    w.slider.value = 4.4812e-3                                  # dragged: the readout shows 4.48e-3
+    assert res.chosen == t.lr == 4.48e-3 and w.label.value.startswith('trainer.lr = 4.48e-3: the next fit uses it')
+    t.fit(1)
+    assert seen == [4.48e-3] * 8                                # every step of a fit with no lr
+    seen.clear()
+    t.fit_one_cycle(1, res.apply())                             # the README's way: apply() returns the choice
+    assert max(seen) == 4.48e-3 and seen[0] == pytest.approx(4.48e-3 / 25) and t.lr == 4.48e-3
+    w.picks.value = 'steep'                                     # a suggestion's button, no click on "Use this LR"
+    assert res.chosen == t.lr == res.suggestions['steep'] == res.apply()
+    w.slider.value = default
+    w.picks.value = None
+    assert res.chosen == t.lr == default                        # moved back to the start: a choice like another
+    fresh = t.lr_find(show=False, num_it=30)
+    t.lr = 1e-3
+    fresh.widget.button.click()                                 # "Use this LR" as the slider starts: the default
+    assert fresh.chosen == t.lr == fresh.choices[fresh.default] == fresh.apply()
+    untouched = t.lr_find(show=False, num_it=30)
+    assert untouched.chosen is None and untouched.apply() == untouched.choices[untouched.default] == t.lr
 
 
 # ---------------------------------------------------------------- suggestions on synthetic curves
@@ -414,14 +446,15 @@ def test_widget_controls():
     assert png[:8] == b'\x89PNG\r\n\x1a\n'
     w.slider.value = 1.2345e-4
     assert w.image.value == png and w.chosen == 1.23e-4     # the picture is not redrawn; the LR as the readout shows it
+    assert t.lr == 1.23e-4 and f"trainer.lr = {shown(t.lr)}" in w.label.value   # applied at once
     w.picks.value = 'steep'
-    assert w.slider.value == w.chosen == res.suggestions['steep']
+    assert w.slider.value == w.chosen == res.suggestions['steep'] == t.lr
     w.slider.value = res.suggestions['steep'] * 10 ** (w.slider.step / 2)   # snapped by the browser: still the pick
-    assert w.picks.value == 'steep' and w.chosen == res.suggestions['steep']
+    assert w.picks.value == 'steep' and w.chosen == res.suggestions['steep'] == t.lr
     w.button.click()
     assert t.lr == res.suggestions['steep'] and f"trainer.lr = {shown(t.lr)}" in w.label.value
     w.slider.value = 1e-3                                   # moved away: no pick any more
-    assert w.picks.value is None and w.chosen == 1e-3
+    assert w.picks.value is None and w.chosen == 1e-3 == t.lr
     assert w.ax.get_xlim() == pytest.approx((10 ** w.slider.min, 10 ** w.slider.max))   # the marker's track
 
 
@@ -557,7 +590,7 @@ rank = t.accelerator.process_index
 assert t.accelerator.num_processes == 2 and t.accelerator.distributed_type == 'MULTI_CPU'
 t.fit(1)
 w0, opt0 = weights(t), {k: v['exp_avg'].clone() for k, v in t.opt.optimizer.state_dict()['state'].items()}
-res = t.lr_find(num_it=40)
+res = t.lr_find(num_it=40, check=40)
 restored = all(torch.equal(a, b) for a, b in zip(weights(t), w0)) and all(
     torch.equal(v['exp_avg'], opt0[k]) for k, v in t.opt.optimizer.state_dict()['state'].items())
 t.fit(1)
@@ -649,7 +682,7 @@ def test_the_collapses_of_a_naive_reading_are_gone(kind):
         warnings.simplefilter('error', LRFindWarning)    # a reliable sweep warns of nothing
         res = t.lr_find(show=False)
     assert res.reliable and res.reason == '' and res.reading.reliable and res.fallback is not None
-    assert res.default == 'checked' and len(res.check) >= 2
+    assert res.default == 'valley' and res.check == {}                # no check by default: the curve's own pick
     assert set(res.suggestions) == {'valley', 'steep', 'minimum', 'slide'}
     check_bounds(res)
     assert 1e-3 <= res.valley <= 0.5                       # where the loss clearly falls, not at 1e-7
@@ -701,7 +734,12 @@ def test_reliable_widget_and_summary_say_so():
     assert res.verdict in res.summary().splitlines()
     w = res.widget
     assert 'Reliable' in w.state.value and 'tnb-lr-reliable' in w.state._dom_classes
-    assert [v for _, v in w.picks.options] == ['valley', 'steep', 'minimum', 'slide', 'checked']
+    assert [v for _, v in w.picks.options] == ['valley', 'steep', 'minimum', 'slide']
+    # what the default gives up without the check, said
+    assert res.verdict.endswith("The default is the curve's valley, not checked by training: lr_find(check=40) "
+                                "trains a few LRs around the valley (7 to 11 times the sweep's steps), which picked an "
+                                "LR that trained 5% or more better on 6 of the benchmark's 12 problems and about as "
+                                "well on the others.")
 
 
 def test_widget_display_carries_a_static_plot_and_the_summary():
@@ -719,7 +757,7 @@ def test_widget_display_carries_a_static_plot_and_the_summary():
     res.widget.button.click()
     data, _ = res.widget.static_bundle()
     assert set(data) == {'text/html', 'image/png', 'text/plain'}
-    applied = f"trainer.lr = {shown(res.suggestions['steep'])}: the next fit uses it"
+    applied = f"trainer.lr = {shown(res.suggestions['steep'])}: the next fit uses it, and apply() returns it"
     assert data['text/plain'] == res.summary() + '\n' + applied and applied in data['text/html']
     assert f'src="data:image/png;base64,{data["image/png"]}"' in data['text/html']
 
@@ -793,6 +831,32 @@ def test_own_rules_stay_the_default_on_an_unreliable_sweep():
     assert res.apply() == 3e-4 == t.lr and 'fallback' not in res.summary()
 
 
+# ---------------------------------------------------------------- the pace: the widget when the sweep ends
+
+def test_lr_find_trains_the_sweeps_steps_and_no_more_by_default():
+    """The README's example: `lr_find()` trains the sweep's own optimizer steps (counted on the optimizer) and
+    evaluates nothing, so it answers when the sweep ends (the promise: at most twice the sweep's steps). The check,
+    asked for with `check=40`, trains several times more, within the bound its progress line states."""
+    from trainer_nb.demo import accuracy, digits_dls, digits_model
+    from trainer_nb.lr_find import CHECK_MORE, CHECK_RUNS
+    train_dl, valid_dl = digits_dls(bs=64)
+    torch.manual_seed(0)
+    t = Trainer(digits_model(), train_dl, valid_dl, loss_func=F.cross_entropy, metrics=[accuracy])
+    steps, evals = [], []
+    t.opt.optimizer.register_step_post_hook(lambda *a: steps.append(1))
+    t.model.register_forward_pre_hook(lambda m, a: None if m.training else evals.append(1))
+    res = t.lr_find(show=False)
+    assert len(res.lrs) >= 50 and len(steps) == len(res.lrs) and evals == []
+    assert res.check == {} and res.default == 'valley'
+    steps.clear()
+    checked = t.lr_find(show=False, check=CHECK_STEPS)
+    n = len(checked.lrs)
+    assert checked.lrs == res.lrs and checked.default == 'checked'          # the same sweep (the trainer restored)
+    trials = sum(map(len, checked.check_runs.values()))
+    assert len(steps) == n + CHECK_STEPS * trials and len(evals) >= trials + 1   # each trial validates, and the start
+    assert 2 * n < len(steps) <= n + (6 + CHECK_MORE) * CHECK_RUNS * CHECK_STEPS
+
+
 # ---------------------------------------------------------------- the check: the default pick, and true messages
 
 def huber_trainer(seed=0):
@@ -821,7 +885,7 @@ def test_the_check_trains_candidates_from_one_state_and_keeps_the_best():
     hook = note_step_lrs(t, seen)
     loss = t.loss_func
     t.loss_func = lambda p, y: (ys.append(y.sum().item()), loss(p, y))[1]   # which batch each step trains on
-    res = t.lr_find(show=False)
+    res = t.lr_find(show=False, check=CHECK_STEPS)
     hook.remove()
     t.loss_func = loss
     assert same(weights(t), w0) and t.state.step == 0
@@ -886,7 +950,7 @@ def flat_trainer(seed):
 def test_a_flat_bottom_is_said_with_its_range():
     """Where the trials score within 10% of the best over a decade or more, the verdict names the range (the LRs as
     shown), and `level` holds it; where the bottom is narrow, nothing is said."""
-    res = flat_trainer(0).lr_find(show=False)
+    res = flat_trainer(0).lr_find(show=False, check=CHECK_STEPS)
     lo, hi = res.level
     assert res.default == 'checked' and hi / lo >= 10 - 1e-9, res.check
     best = min(res.check.values())
@@ -894,7 +958,7 @@ def test_a_flat_bottom_is_said_with_its_range():
     assert max(inside) <= 1.1 * best and min(res.check) < lo                          # (and it is bounded below)
     assert f"within 10% of the best from {_lr_text(lo)} to {_lr_text(hi)}: a flat bottom" in res.verdict
     assert res.verdict in res.summary() and res.flat == res.level
-    narrow = huber_trainer().lr_find(show=False)                                     # (its bottom: under a decade)
+    narrow = huber_trainer().lr_find(show=False, check=CHECK_STEPS)                   # (its bottom: under a decade)
     nlo, nhi = narrow.level
     assert nhi / nlo < 10 and 'flat bottom' not in narrow.verdict, narrow.check
     assert narrow.flat is None
@@ -905,7 +969,7 @@ def test_a_flat_bottom_is_said_with_its_range():
 def test_the_plot_shows_the_check():
     """On an axis of its own (right): each candidate's score, and a bar over the range of its runs' scores; a flat
     bottom as a band over `level`; the default pick is the largest marker on the curve."""
-    res = flat_trainer(0).lr_find(show=False)
+    res = flat_trainer(0).lr_find(show=False, check=CHECK_STEPS)
     fig = res.plot()
     ax, ax2 = fig.axes
     (line,) = ax2.lines
@@ -932,7 +996,7 @@ def test_the_check_pick_trains_as_well_as_a_grid():
             torch.manual_seed(s); t.fit_one_cycle(3, lr_max=lr)
             out.append(t.evaluate(DataLoader(huber_valid(), batch_size=256))['valid_loss'])
         return float(np.mean(out))
-    res = huber_trainer().lr_find(show=False)
+    res = huber_trainer().lr_find(show=False, check=CHECK_STEPS)
     grid = {lr: final(lr) for lr in np.logspace(-3.5, -0.5, 7)}
     best = min(grid.values())
     assert final(res.apply()) < 1.2 * best, (res.apply(), grid)
@@ -944,7 +1008,7 @@ def test_the_check_pick_hardly_moves_with_the_order_of_the_batches():
     for s in range(3):
         t = huber_trainer(); seed_all()
         t.train_dl = DataLoader(t.train_dl.dataset, batch_size=8, shuffle=True, generator=torch.Generator().manual_seed(s))
-        res = t.lr_find(show=False)
+        res = t.lr_find(show=False, check=CHECK_STEPS)
         assert res.default == 'checked'
         picks.append(res.apply())
     assert max(picks) / min(picks) < 1.5, picks
@@ -985,7 +1049,7 @@ def test_random_labels_nothing_trains_and_the_message_says_so():
     t = Trainer(nn.Linear(10, 2), DataLoader(TensorDataset(x, y), batch_size=32, shuffle=True),
                 loss_func=F.cross_entropy, default_hooks=False, cpu=True)
     with pytest.warns(LRFindWarning, match='saw an LR that trains. Check that the model can learn at all'):
-        res = t.lr_find(show=False)
+        res = t.lr_find(show=False, check=CHECK_STEPS)
     assert not res.reliable and res.default == 'fallback' and res.checked is None and len(res.check) >= 4
     assert 'no sustained descent' in res.reason and 'learn' not in res.reason   # the curve's part blames nobody
 
@@ -995,7 +1059,7 @@ def test_a_noisy_curve_whose_loss_falls_does_not_blame_the_model():
     t = huber_trainer(); seed_all()
     with warnings.catch_warnings():
         warnings.simplefilter('error', LRFindWarning)          # the default is backed by the check: no warning
-        res = t.lr_find(show=False)
+        res = t.lr_find(show=False, check=CHECK_STEPS)
     assert not res.reading.reliable and res.reliable and res.default == 'checked'
     assert res.verdict.startswith('Reliable by the check') and 'learn at all' not in res.verdict
 

@@ -71,7 +71,7 @@ def _find_lr(trainer: Trainer, say, run_dir: Path | None, plot=None):
     which = args.pop('suggestion', None)
     res = trainer.lr_find(show=False, **args)
     lr = res.apply(which)            # the trainer's LR is now the suggestion (the default one unless chosen)
-    chosen = which or res.default    # the check's pick, unless it found none
+    chosen = which or res.default    # the default pick (lr_find.check in the config: the check's)
     say(f"LR finder: {', '.join(f'{k} {v:.2e}' for k, v in res.choices.items())}; using {chosen}")
     plot = plot or (run_dir / 'lr_find.png' if run_dir is not None else None)
     if plot is not None and trainer.is_main_process:

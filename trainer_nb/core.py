@@ -566,10 +566,10 @@ class Trainer:
                 div: float = 4.,         # stop when the smoothed loss exceeds div times its best
                 show: bool = True,       # draw the curve and the suggestions (in a notebook: the widget)
                 suggest_funcs: Sequence | Mapping | None = None,  # names from `SUGGESTIONS` or {name: func}; None: all
-                check: int = 40,         # steps a run of each candidate LR trains for; 0: no check
+                check: int = 0,          # 0: no check; else steps a run of each candidate LR trains for (40 is good)
                 runs: int = 3):          # runs of each candidate, on different batches (their mean scores it)
-        """Sweep the LR and suggest one, then check a few candidates for `check` steps each, `runs` times, leaving the
-        trainer as it was: an `LRFindResult` (see `trainer_nb.lr_find`)."""
+        """Sweep the LR and suggest one (with `check=40`, also train a few candidates for `check` steps each, `runs`
+        times), leaving the trainer as it was: an `LRFindResult` (see `trainer_nb.lr_find`)."""
         return lr_find(self, start_lr, end_lr, num_it, beta, div, show, suggest_funcs, check, runs)
 
     def split(self, *groups):

@@ -9,7 +9,7 @@ from dataclasses import dataclass, field
 
 # %% auto #0
 __all__ = ['MIN_POINTS', 'SUGGESTIONS', 'START_CUT', 'NOISE_Z', 'MIN_READ', 'CHECK_STEPS', 'CHECK_RUNS', 'CHECK_GRID',
-           'CHECK_MORE', 'CHECK_BELOW', 'CHECK_LEVEL', 'SLIDER_STEP', 'suggest_minimum', 'suggest_steep',
+           'CHECK_MORE', 'CHECK_BELOW', 'CHECK_LEVEL', 'PLOT_SIZE', 'SLIDER_STEP', 'suggest_minimum', 'suggest_steep',
            'suggest_valley', 'suggest_slide', 'suggest', 'SweepReading', 'read_sweep', 'suggest_sweep', 'LRFindWarning',
            'LRFindResult', 'LRFindWidget']
 
@@ -417,18 +417,21 @@ def _descent_span(r) -> tuple[int, int]:
     high = np.nonzero(r.losses[r.top:r.bottom + 1] >= r.losses[r.top] - 0.1 * r.drop)[0]
     return r.top + int(high[-1]), r.bottom
 
-def _legend(fig):
-    "The legend under the axes, every line in it, in a font that stays readable when the figure is shown phone-wide."
+def _legend(fig, ncols: int = 2):
+    "The legend under the axes, every line in it, in `ncols` columns."
     for old in list(fig.legends): old.remove()
-    fig.legend(loc='outside lower center', ncols=2, fontsize=9.5, frameon=False, handlelength=1.8,
+    fig.legend(loc='outside lower center', ncols=ncols, fontsize=9.5, frameon=False, handlelength=1.8,
                columnspacing=1.2)
+
+PLOT_SIZE = {False: (5.0, 3.9), True: (3.6, 4.9)}   # inches, wide and narrow (shown at 100 CSS px an inch)
 
 class _ResultPlot:
     "Drawing an `LRFindResult` (its base class)."
-    def plot(self, path=None, lr: float | None = None, dpi: int = 150):
+    def plot(self, path=None, lr: float | None = None, dpi: int = 150, narrow: bool = False):
         """The loss against the LR (log scale) with the suggestions; saved to `path` if given. Returns the `Figure`,
-        which shows itself in a notebook. The bold curve is the one the suggestions are read from."""
-        fig = new_figure((5.0, 3.9), dpi)
+        which shows itself in a notebook. The bold curve is the one the suggestions are read from. `narrow`: a figure
+        for a phone-wide output (`PLOT_SIZE`), its legend in one column."""
+        fig = new_figure(PLOT_SIZE[narrow], dpi)
         ax = fig.add_subplot()
         lrs, y, raw = np.asarray(self.lrs), np.asarray(self.losses, float), np.asarray(self.raw_losses, float)
         n, r = len(y), self.reading
@@ -458,7 +461,7 @@ class _ResultPlot:
         if self.check: _draw_check(ax, self)
         if not self.reliable: ax.set_title('No reliable suggestion: see the fallback (X)', color='tab:red', fontsize=10)
         ax.grid(True, which='major', alpha=0.3)
-        _legend(fig)
+        _legend(fig, 1 if narrow else 2)
         if path is not None: fig.savefig(path)
         return fig
 
@@ -480,12 +483,28 @@ def _draw_check(ax, res):
     if lv is not None:
         ax.axvspan(lv[0], lv[1], color='gold', alpha=0.22, lw=0, label=f"check within {CHECK_LEVEL:.0%} of best")
 
+# %% ../nbs/05_lr_find.ipynb #3945fd39
+class _ResultDisplay:
+    "How an `LRFindResult` shows itself in a notebook: its widget, one display per call (its base class)."
+    @property
+    def widget(self):
+        "The interactive widget (made once): plot, LR slider, and a button that applies the chosen LR."
+        if self._widget is None: self._widget = LRFindWidget(self)
+        return self._widget
+
+    def _ipython_display_(self):
+        "In a notebook, the widget (none when `lr_find` has just shown it in the same cell); elsewhere the repr."
+        if not _in_notebook(): return print(repr(self))
+        if self._widget is None or not self._widget.live:
+            from IPython.display import display
+            display(self.widget)
+
 # %% ../nbs/05_lr_find.ipynb #6feed016
 class LRFindWarning(UserWarning):
     "`lr_find` found no reliable suggestion: its default is the fallback (see `LRFindResult.verdict`)."
 
 @dataclass(repr=False)
-class LRFindResult(_ResultPlot, _CheckReading):
+class LRFindResult(_ResultPlot, _CheckReading, _ResultDisplay):
     "The LR sweep: `lrs`, smoothed `losses`, `raw_losses`, `suggestions`, `reliable`; `plot()`, `apply()`, `widget`."
     lrs: list
     losses: list
@@ -501,6 +520,7 @@ class LRFindResult(_ResultPlot, _CheckReading):
     check_runs: dict = field(default_factory=dict)  # {candidate LR: [the score of each of its runs]}
     checked: float | None = None        # the check's pick: the default when there is one (see "The check")
     check_start: float | None = None    # the check's score of the model before training (what the trials start from)
+    chosen: float | None = field(default=None, init=False)  # the LR chosen (in the widget, or `apply(lr)`); None: none
     _widget: object = field(default=None, init=False)
 
     @property
@@ -529,9 +549,12 @@ class LRFindResult(_ResultPlot, _CheckReading):
         return float(lr)
 
     def apply(self, lr: float | str | None = None) -> float:
-        "Set `trainer.lr` to `lr` (a number, a suggestion's name, or the default pick), so that the next `fit` uses it."
+        """Set `trainer.lr` to `lr` (a number or a suggestion's name: a choice, kept in `chosen`), so that the next
+        `fit` uses it, and return it. With no `lr`: the LR chosen in the widget, or the default pick where none was."""
         if self.trainer is None: raise ValueError("This result is not tied to a trainer")
-        self.trainer.lr = lr = self._lr(lr)
+        check_idle(self.trainer, "set the trainer's LR")
+        if lr is not None: self.chosen = self._lr(lr)
+        self.trainer.lr = lr = self._lr(self.chosen)
         if self._widget is not None: self._widget.show_applied(lr)
         return lr
 
@@ -555,12 +578,6 @@ class LRFindResult(_ResultPlot, _CheckReading):
         picks = ', '.join(f"{k}={_lr_text(v)}" for k, v in self.choices.items())
         return f"LRFindResult({len(self.lrs)} points, {picks}" + ('' if self.reliable else ', not reliable') + ')'
 
-    @property
-    def widget(self):
-        "The interactive widget (made once): plot, LR slider, and a button that applies the chosen LR."
-        if self._widget is None: self._widget = LRFindWidget(self)
-        return self._widget
-
 # %% ../nbs/05_lr_find.ipynb #5e9ffe25
 def _flat_sentence(self: LRFindResult) -> str:
     "The verdict's sentence on a flat bottom (`LRFindResult.flat`), else ''."
@@ -569,10 +586,16 @@ def _flat_sentence(self: LRFindResult) -> str:
     return (f" Its trials scored within {CHECK_LEVEL:.0%} of the best from {_lr_text(lv[0])} to {_lr_text(lv[1])}: a "
             "flat bottom, where LRs train about alike, and the pick may move within it from one lr_find to the next.")
 
+# what a default not checked by training gives up (measured: "How well it does, with the check and without" above)
+_UNCHECKED = ("not checked by training: lr_find(check=40) trains a few LRs around the valley (7 to 11 times the "
+              "sweep's steps), which picked an LR that trained 5% or more better on 6 of the benchmark's 12 problems "
+              "and about as well on the others.")
+
 def _verdict(self: LRFindResult) -> str:
-    "`LRFindResult.verdict`: the curve's verdict, and what the check found."
+    "`LRFindResult.verdict`: the curve's verdict, what the check found, or that there was none."
     r = self.reading
     checked = ''
+    unchecked = not self.check and self.fallback is not None   # (your own rules: no check)
     if self.check:
         best = min(self.check.values())
         lo, hi = _lr_text(min(self.check)), _lr_text(max(self.check))
@@ -588,14 +611,15 @@ def _verdict(self: LRFindResult) -> str:
         out = f"No reliable suggestion: {self.reason}." + (" And " + checked if checked else "")
         if self.fallback is None: return out
         return out + (f" The default is the fallback {_lr_text(self.fallback)}: a tenth of the largest LR before the "
-                      "loss rises.")
+                      "loss rises" + (", " + _UNCHECKED if unchecked else "."))
     if r is None: return ''
     if not r.reliable:
         return f"Reliable by the check: {checked[0].upper()}{checked[1:]} The curve alone is not: {r.reason}."
     a, b = _descent_span(r)
     return (f"Reliable: the smoothed loss falls from {r.losses[r.top]:.4g} to {r.losses[r.bottom]:.4g} between "
             f"{_lr_text(r.lrs[a])} and {_lr_text(r.lrs[b])} ({r.z:.0f}x its noise)."
-            + (" Then " + checked if checked else ""))
+            + (" Then " + checked if checked else " The default is the curve's valley, " + _UNCHECKED if unchecked
+               else ""))
 
 # %% ../nbs/05_lr_find.ipynb #a013cdbb
 def _png(fig) -> bytes:
@@ -633,59 +657,93 @@ class _WidgetParts:
     def _state_html(self) -> str:
         import html
         color = '#1a7f37' if self.result.reliable else '#b42318'
-        return f'<div style="color:{color}; max-width:640px">{html.escape(self.result.verdict or "")}</div>'
+        return (f'<div style="color:{color}; max-width:640px; line-height:1.4">'
+                f'{html.escape(self.result.verdict or "")}</div>')
 
-    def _over_axes(self):
-        "The marker's layout: over the axes of the drawn picture, in % of the picture's width (it scales with it)."
+    def _picture(self, fig, slider: dict, kind: str):
+        "`(image, marker)`: the drawn `fig`, and over its axes a slider that `.slider` moves in the browser (the line)."
         import ipywidgets as W
-        (x0, y0), (x1, y1) = self.ax.get_position().get_points()
-        w, h = self.fig.canvas.get_width_height()
-        return W.Layout(grid_area='plot', align_self='flex-start', margin='0', left=f'{100 * x0:.3f}%',
-                        top=f'{100 * (1 - y1):.3f}%', width=f'{100 * (x1 - x0):.3f}%', height=f'{100 * (y1 - y0):.3f}%')
+        image = W.Image(value=_png(fig), format='png',
+                        layout=W.Layout(width='100%', height='auto', margin='0', grid_area='plot'))
+        marker = W.FloatLogSlider(readout=False, **slider, layout=_over_axes(fig))
+        for w, c in ((image, f'tnb-lr-{kind}'), (marker, 'tnb-lr-marker'), (marker, f'tnb-lr-{kind}')): w.add_class(c)
+        self._links.append(W.jslink((self.slider, 'value'), (marker, 'value')))   # moved by the browser alone
+        return image, marker
 
     def _moved(self, change):
-        # the browser snaps a picked LR to the slider's steps: that is still the pick; a move away is not
-        if self._pick is not None and abs(math.log10(change['new'] / self._pick)) > self.slider.step / 2 + 1e-9:
-            self._pick = None
-            self.picks.value = None
-        self._tip()
+        "A move of the slider is a choice; the browser snapping the LR the kernel put there to its steps is not."
+        if self._given is not None and abs(math.log10(change['new'] / self._given)) <= self.slider.step / 2 + 1e-9:
+            return
+        self._given = self._pick = None
+        self.picks.value = None
+        self._choose()
 
     def _picked(self, change):
         if change['new'] is None: return
-        self._pick = self.result.choices[change['new']]
+        self._pick = self._given = self.result.choices[change['new']]
         self.slider.value = self._pick
+        self._choose()
+
+    def _choose(self, _=None):
+        "Apply the LR shown (`chosen`): `trainer.lr` is now it, and `result.apply()` returns it."
+        try: self.result.apply(self.chosen)
+        except RuntimeError as e: self.label.value = f"Not applied: {e}"   # a fit is running (in another thread)
         self._tip()
 
     def _tip(self):
         "The button's tooltip names the LR it applies (as the kernel has it: the browser may be a move ahead)."
         self.button.tooltip = f"Set trainer.lr to {_lr_text(self.chosen)}"
 
-    def _apply(self, _=None): self.result.apply(self.chosen)
-
     def show_applied(self, lr: float):
         "Say under the buttons that `trainer.lr` is now `lr` (`LRFindResult.apply` calls it)."
-        self.label.value = f"trainer.lr = {_lr_text(lr)}: the next fit uses it"
+        self.label.value = f"trainer.lr = {_lr_text(lr)}: the next fit uses it, and apply() returns it"
+
+# %% ../nbs/05_lr_find.ipynb #4878ec78
+def _layout_css(wide: int) -> str:
+    """The widget's layout: the wide picture where the widget is at least `wide` CSS px wide (as drawn), else the narrow
+    one, as wide as the widget; the verdict and the label under the button wrap (no text cut)."""
+    return f"""<style>
+.tnb-lr-find {{ container: tnb-lr / inline-size; }}
+.tnb-lr-find .tnb-lr-plot {{ max-width: {wide}px; }}
+@container tnb-lr (max-width: {wide - 0.02}px) {{
+  .tnb-lr-find .tnb-lr-wide {{ display: none !important; }} .tnb-lr-find .tnb-lr-plot {{ max-width: 100%; }} }}
+@container tnb-lr (min-width: {wide}px) {{ .tnb-lr-find .tnb-lr-narrow {{ display: none !important; }} }}
+.tnb-lr-find .tnb-lr-label {{ white-space: normal !important; height: auto !important; line-height: 1.4 !important; }}
+</style>"""
+
+def _over_axes(fig):
+    "The marker's layout: over the axes of the drawn `fig`, in % of the picture's width (it scales with it)."
+    import ipywidgets as W
+    (x0, y0), (x1, y1) = fig.axes[0].get_position().get_points()
+    return W.Layout(grid_area='plot', align_self='flex-start', margin='0', left=f'{100 * x0:.3f}%',
+                    top=f'{100 * (1 - y1):.3f}%', width=f'{100 * (x1 - x0):.3f}%', height=f'{100 * (y1 - y0):.3f}%')
 
 # %% ../nbs/05_lr_find.ipynb #da16638f
 class _WidgetDisplay:
     "How `LRFindWidget` shows itself: live, then as a static record (its base class)."
-    def static_bundle(self) -> tuple[dict, dict]:
+    live = False   # shown live, and the notebook has run no cell since
+    def static_bundle(self, narrow: bool = True) -> tuple[dict, dict]:
         """`(data, metadata)`: the plot with the chosen LR's line, the verdict and what was applied, as HTML, PNG and
-        text: what stays in the notebook once it moves on (no widget model to go missing when it is reopened)."""
+        text: what stays in the notebook once it moves on (no widget model to go missing when it is reopened). With
+        `narrow`, the HTML shows the narrow plot on a screen up to 640 CSS px wide."""
         import base64, html
-        fig = self.result.plot(lr=self.chosen)   # a figure of its own: the live picture's layout stays as it is
-        fig.axes[0].set_xlim(self.ax.get_xlim())
-        png = base64.b64encode(_png(fig)).decode('ascii')
-        w, applied = _css_width(fig), self.label.value
+        def png(narrow):   # a figure of its own: the live picture's layout stays as it is
+            fig = self.result.plot(lr=self.chosen, narrow=narrow)
+            fig.axes[0].set_xlim(self.ax.get_xlim())
+            return base64.b64encode(_png(fig)).decode('ascii'), _css_width(fig)
+        (wide, w), applied = png(False), self.label.value
         text = self.result.summary() + (f"\n{applied}" if applied else '')
-        page = (f'<img src="data:image/png;base64,{png}" width="{w}" style="max-width:100%; height:auto" '
-                f'alt="LR finder plot">{self._state_html()}'
-                + (f'<div>{html.escape(applied)}</div>' if applied else ''))
-        return {'text/html': page, 'image/png': png, 'text/plain': text}, {'image/png': {'width': w}}
+        img = (f'<img src="data:image/png;base64,{wide}" width="{w}" style="max-width:100%; height:auto" '
+               'alt="LR finder plot">')
+        if narrow:
+            img = (f'<picture><source media="(max-width: 640px)" srcset="data:image/png;base64,{png(True)[0]}">'
+                   f'{img}</picture>')
+        page = img + self._state_html() + (f'<div>{html.escape(applied)}</div>' if applied else '')
+        return {'text/html': page, 'image/png': wide, 'text/plain': text}, {'image/png': {'width': w}}
 
     def _repr_mimebundle_(self, include=None, exclude=None):
-        "The live widget, with the static record beside it for viewers without a widget manager."
-        data, md = self.static_bundle()
+        "The live widget, with the static record beside it (its wide plot) for viewers without a widget manager."
+        data, md = self.static_bundle(narrow=False)
         return {**data, **self.box._repr_mimebundle_(), 'text/plain': data['text/plain']}, md
 
     def _ipython_display_(self):
@@ -699,9 +757,11 @@ class _WidgetDisplay:
 
         def freeze(*_):
             ip.events.unregister('pre_run_cell', freeze)
+            self.live = False
             data, md = self.static_bundle()
             handle.update(data, metadata=md, raw=True)
         ip.events.register('pre_run_cell', freeze)
+        self.live = True   # on show, until the notebook runs its next cell
 
 # %% ../nbs/05_lr_find.ipynb #445ce3d3
 class LRFindWidget(_WidgetParts, _WidgetDisplay):
@@ -715,21 +775,21 @@ class LRFindWidget(_WidgetParts, _WidgetDisplay):
         # first LR), a hair wider than the extremes so that 10**min cannot round above the smallest one
         ends = [lrs[0], lrs[-1], *(v for v in choices.values() if 0 < v < math.inf)]
         lo, hi = math.log10(min(ends)) - 1e-9, math.log10(max(ends)) + 1e-9
-        self.fig = result.plot()   # drawn once, with no LR line: the line is `.marker`, over the picture
+        # drawn once, with no LR line (the line is a marker, over the picture), wide and narrow (for a phone)
+        self.fig, self.fig_narrow = result.plot(), result.plot(narrow=True)
         self.ax = self.fig.axes[0]
-        self.ax.set_xlim(10 ** lo, 10 ** hi)   # the slider's range, end to end: the marker's track lies on this axis
-        self.image = W.Image(value=_png(self.fig), format='png',
-                             layout=W.Layout(width='100%', height='auto', margin='0', grid_area='plot'))
+        for f in (self.fig, self.fig_narrow): f.axes[0].set_xlim(10 ** lo, 10 ** hi)   # the slider's range: the track
         slider = dict(value=start, base=10, min=lo, max=hi, step=SLIDER_STEP, continuous_update=True)
-        self.slider = W.FloatLogSlider(description='LR', readout_format='.2e', **slider,
-                                       layout=W.Layout(width='100%', max_width='640px'))
+        self.slider = W.FloatLogSlider(description='LR', readout_format='.2e', **slider, style={
+            'description_width': 'initial'}, layout=W.Layout(width='100%', max_width='640px'))
         self.slider.add_class('tnb-lr-slider')
-        self.marker = W.FloatLogSlider(readout=False, **slider, layout=self._over_axes())
-        self.marker.add_class('tnb-lr-marker')
-        self._link = W.jslink((self.slider, 'value'), (self.marker, 'value'))   # moved by the browser alone
-        self.plot = W.GridBox([self.image, self.marker, W.HTML(_MARKER_CSS)], layout=W.Layout(
-            grid_template_areas='"plot"', grid_template_columns='100%', width='100%',
-            max_width=f'{_css_width(self.fig)}px'))
+        self._links = []
+        self.image, self.marker = self._picture(self.fig, slider, 'wide')
+        self.image_narrow, self.marker_narrow = self._picture(self.fig_narrow, slider, 'narrow')
+        self.plot = W.GridBox([self.image, self.marker, self.image_narrow, self.marker_narrow,
+                               W.HTML(_MARKER_CSS + _layout_css(_css_width(self.fig)))],
+                              layout=W.Layout(grid_template_areas='"plot"', grid_template_columns='100%', width='100%'))
+        self.plot.add_class('tnb-lr-plot')
         self.state = W.HTML(value=self._state_html())
         self.state.add_class('tnb-lr-state')
         self.state.add_class('tnb-lr-reliable' if result.reliable else 'tnb-lr-unreliable')
@@ -740,11 +800,12 @@ class LRFindWidget(_WidgetParts, _WidgetDisplay):
         self.button.add_class('tnb-lr-apply')
         self.label = W.Label(value='')
         self.label.add_class('tnb-lr-label')
-        self._pick = None
+        self._pick, self._given = None, start   # a picked suggestion; the LR the kernel put on the slider
         self.slider.observe(self._moved, names='value')
         self.picks.observe(self._picked, names='value')
-        self.button.on_click(self._apply)
-        self.box = W.VBox([self.plot, self.state, self.slider, self.picks, W.HBox([self.button, self.label])],
+        self.button.on_click(self._choose)
+        self.box = W.VBox([self.plot, self.state, self.slider, self.picks,
+                           W.HBox([self.button, self.label], layout=W.Layout(flex_flow='row wrap'))],
                           layout=W.Layout(max_width='100%'))
         self.box.add_class('tnb-lr-find')
         self._tip()
@@ -807,13 +868,14 @@ def _read_into(res: LRFindResult, methods):
     res.suggestions, res.reading, res.reliable, res.reason, res.fallback = sugg, r, r.reliable, r.reason, fallback
 
 def lr_find(trainer, start_lr: float = 1e-7, end_lr: float = 10, num_it: int = 100, beta: float = 0.98,
-            div: float = 4., show: bool = True, suggest_funcs=None, check: int = CHECK_STEPS,
+            div: float = 4., show: bool = True, suggest_funcs=None, check: int = 0,
             runs: int = CHECK_RUNS) -> LRFindResult:
     """`trainer.lr_find(...)` (`trainer`: a `Trainer`): sweep the LR exponentially from `start_lr` to `end_lr` over
     `num_it` optimizer steps, restore everything and suggest LRs (`suggest_funcs`: names from `SUGGESTIONS`, or
-    `name -> func`; None: all); then train a few candidates for `check` steps each, `runs` times (`check=0`: no check),
-    and make an LR a little below the bottom of their losses the default. A sweep that stops before `MIN_POINTS`
-    usable steps raises a `ValueError` whose `result` holds the curve so far."""
+    `name -> func`; None: all). With `check` (`CHECK_STEPS`, 40, is good; 0, the default: none), then train a few
+    candidates for `check` steps each, `runs` times, and make an LR a little below the bottom of their losses the
+    default: 7 to 11 times the sweep's steps. A sweep that stops before `MIN_POINTS` usable steps raises a
+    `ValueError` whose `result` holds the curve so far."""
     self = trainer
     if suggest_funcs is None: suggest_funcs = tuple(SUGGESTIONS)
     if not (0 < start_lr < end_lr): raise ValueError(f"Need 0 < start_lr < end_lr, got {start_lr!r} and {end_lr!r}")
