@@ -15,7 +15,7 @@ __all__ = ['MIN_POINTS', 'SUGGESTIONS', 'START_CUT', 'NOISE_Z', 'MIN_READ', 'CHE
 
 # %% ../nbs/05_lr_find.ipynb #82eecdd7
 import numpy as np
-from .base import CancelBatch, CancelFit, Hook, LossLog, Smoother, check_idle
+from .base import CancelBatch, CancelFit, Hook, LossLog, Smoother, TrainerWarning, check_idle
 from .recorder import new_figure
 
 # %% ../nbs/05_lr_find.ipynb #ee9e32a9
@@ -500,7 +500,7 @@ class _ResultDisplay:
             display(self.widget)
 
 # %% ../nbs/05_lr_find.ipynb #6feed016
-class LRFindWarning(UserWarning):
+class LRFindWarning(TrainerWarning):
     "`lr_find` found no reliable suggestion: its default is the fallback (see `LRFindResult.verdict`)."
 
 @dataclass(repr=False)
