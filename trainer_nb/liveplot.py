@@ -510,8 +510,8 @@ class LivePlot(_Frames, _Picture, MainProcessHook):
         if time.perf_counter() >= self._next - 0.75 * self.every or st.epoch + 1 >= st.epochs: self.redraw()
 
     def after_fit(self):
-        if self.active in (None, 'off'): return
-        view, self.active = self.view, None
+        view, active, self.active = self.view, self.active, None
+        if active in (None, 'off') or (view is None and self.path is None): return   # nothing shown, no file
         try:
             frame = self.frame()
             if view is not None: view.show(*pack(frame))   # the end of the fit, at once
