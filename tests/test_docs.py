@@ -1,6 +1,6 @@
 """The docs site: built from the notebooks, run, with a page per module and the tutorial first, every exported name
 documented on its module's page, and nothing that needs the network (widget views, MathJax)."""
-import importlib, inspect, json, re
+import base64, importlib, inspect, json, re
 from html.parser import HTMLParser
 from pathlib import Path
 
@@ -81,7 +81,9 @@ def test_sidebar_is_grouped(docs_site):
 
 def test_pages_show_what_the_notebooks_draw(docs_site):
     "The notebooks ran: pages hold their images and tables, as static outputs (no widget views, nothing to fetch)."
-    def n_images(page): return len(re.findall(r'<img [^>]*src="_images/', (docs_site / page).read_text()))
+    def images(page):   # image files, and pictures written into the page (the live plot's, the LR finder's records)
+        return re.findall(r'<img [^>]*src="(_images/[^"]+|data:image/png;base64,[^"]+)"', (docs_site / page).read_text())
+    def n_images(page): return len(images(page))
     for page in ('tutorial.html', 'lr_find.html', 'liveplot.html', 'recorder.html', 'index.html'):
         assert n_images(page) >= 1, f"no image on {page}"
     tutorial = (docs_site / 'tutorial.html').read_text()
@@ -92,6 +94,8 @@ def test_pages_show_what_the_notebooks_draw(docs_site):
         assert 'application/vnd.jupyter.widget' not in html and 'require.js' not in html, page.name
         assert not re.search(r'<(script|link)[^>]+(src|href)="(https?:)?//', html), f"{page.name} loads from the network"
     for png in (docs_site / '_images').glob('*.png'): assert png.read_bytes()[:4] == b'\x89PNG'
+    inline = [src for page in docs_site.glob('*.html') for src in images(page.name) if src.startswith('data:')]
+    assert inline and all(base64.b64decode(src.split(',', 1)[1])[:4] == b'\x89PNG' for src in inline)
 
 
 def test_math_is_mathml(docs_site):

@@ -361,6 +361,19 @@ def test_liveplot_x_axis_ends_at_the_last_step_the_scheduler_counts():
     assert len(spans) == 21 and set(spans) == {(1, 12)}   # from the first frame on, the whole fit, and never moved
 
 
+def test_liveplot_x_axis_of_a_fit_resumed_inside_an_epoch():
+    "Stopped at step 10 of 3 epochs of 8 (in the second epoch), resumed: the axis spans steps 11 to 24, the fit's end."
+    class StopAt(Hook):
+        def after_batch(self):
+            if self.trainer.state.iteration == 10 and not self.trainer.stopping: self.trainer.stop()
+    plot = LivePlot(mode='widget', every=0)
+    t = make(n_batches=8, hooks=[plot, StopAt()])
+    with pytest.raises(KeyboardInterrupt): t.fit(3)   # FitStopped
+    assert plot.view.widget.spec['x'] == [1, 24]
+    t.resume()
+    assert plot.view.widget.spec['x'] == [11, 24] and t.state.step == 24
+
+
 def test_liveplot_metric_panel():
     def error(preds, targets): return 1 - accuracy(preds, targets)
     plain = LivePlot(mode='text', path=os.devnull, metrics=False)

@@ -493,8 +493,10 @@ class LivePlot(_Frames, _Picture, MainProcessHook):
             self.rec, self._bins = rec, Binned(rec, self.max_points)
         self.metric_names = self._metric_names()
         st, tr = self.trainer.state, self.trainer
-        # the fit's last step, when the dataloader has a length: the x axis spans the fit from the start
-        end = st.step + (st.epochs - st.epoch) * tr.steps_per_epoch
+        # the fit's last step, when the dataloader has a length: the x axis spans the fit from the start (a fit
+        # resumed inside an epoch has done some of its steps)
+        done = tr.resumed.batch if tr.resumed is not None and not tr.resumed.stopped else 0
+        end = st.step + (st.epochs - st.epoch) * tr.steps_per_epoch - done // tr.grad_accum
         self._x_start, self._x_end = st.step + 1, min(end, st.max_step) if st.max_step else end
         if self.active == 'widget':
             w, h = self.css_figsize()
