@@ -64,9 +64,20 @@ def frames_of(page):
 JS_LIVE = """() => {
   const r = document.querySelector('.trainer-nb-liveplot'), c = r.querySelector('canvas');
   const area = r.closest('.jp-OutputArea-output').getBoundingClientRect();
+  const table = document.querySelector('.trainer-nb-progress table.trainer-nb-results');
+  const lines = [...document.querySelectorAll('.trainer-nb-progress .tnb-text, .trainer-nb-progress .tnb-nw')]
+    .filter(e => getComputedStyle(e).whiteSpace === 'nowrap').map(e => e.getClientRects().length);
   return {layout: r.dataset.layout, step: +r.dataset.step, canvas: c.getBoundingClientRect().width,
           area: area.width, doc: document.documentElement.scrollWidth, vw: window.innerWidth,
-          panels_h: c.getBoundingClientRect().height};
+          panels_h: c.getBoundingClientRect().height, table: table ? table.getBoundingClientRect().right : 0,
+          right: area.right, unbroken: lines};
+}"""
+
+JS_RECORD_TABLE = """() => {
+  const t = document.querySelector('.trainer-nb-progress-done table.trainer-nb-results');
+  const area = t.closest('.jp-OutputArea-output').getBoundingClientRect();
+  return {table: t.getBoundingClientRect().right, right: area.right, columns: t.rows[0].cells.length,
+          font: parseFloat(getComputedStyle(t.rows[1].cells[1]).fontSize)};
 }"""
 
 JS_PICTURE = """() => {
@@ -119,6 +130,7 @@ def test_live_plot_keeps_up_on_a_busy_machine(tmp_path, app):
             at_width(page, 420)
             page.wait_for_function(f"(() => {{ const p = ({JS_PICTURE})(); return p && p.narrow; }})", timeout=30_000)
             picture[420] = page.evaluate(JS_PICTURE)
+            record = page.evaluate(JS_RECORD_TABLE)
             shots['done_420'] = tmp_path / f'{app}_done_420.png'
             page.screenshot(path=str(shots['done_420']), full_page=True)
             outs = output_texts(page)
@@ -137,6 +149,10 @@ def test_live_plot_keeps_up_on_a_busy_machine(tmp_path, app):
     assert live[1400]['layout'] == 'row' and live[1400]['canvas'] >= 800, live
     assert live[420]['layout'] == 'column' and live[420]['canvas'] <= live[420]['area'] + 0.5, live
     assert live[420]['doc'] <= 420, live   # no sideways scroll
+    # the dashboard at 420 px: its table whole within the output, each part of its texts on one line
+    assert 0 < live[420]['table'] <= live[420]['right'] + 0.5 and set(live[420]['unbroken']) == {1}, live[420]
+    # the record left behind: the whole table (epoch, train_loss, valid_loss, mae, time), its font 10 px or more
+    assert record['columns'] == 5 and record['table'] <= record['right'] + 0.5 and record['font'] >= 10, record
     assert picture[1400]['natural'] == 1720 and not picture[1400]['narrow'], picture
     assert picture[420]['narrow'] and picture[420]['shown'] <= picture[420]['area'] + 0.5, picture
     # the narrow picture is drawn for about its width there: its 11 px labels stay at 10 px or more
