@@ -391,10 +391,15 @@ class _Frames:
         if self.view is None: return   # ('text' and 'off': no live view)
         t = time.perf_counter()
         self.view.show(*pack(self.frame()))
+        self._shown = self._now()
         now = time.perf_counter()
         self.draw_time += now - t
         self.n_draws += 1
         self._next = now + self.every
+
+    def _now(self) -> tuple:
+        "Where the fit is: the batches done and its current epoch results (a frame at the same place shows the same)."
+        return self.trainer.state.iteration, id(self.trainer.epoch_results)
 
     def _beta(self) -> float:
         "The smoothing factor: `beta`, or by default one whose window is about 1/20 of the fit (at most 50 steps)."
@@ -478,6 +483,7 @@ class LivePlot(_Frames, _Picture, MainProcessHook):
         self.beta, self.metrics, self.figsize, self.dpi, self.scale = beta, metrics, figsize, dpi, scale
         self.active, self.rec, self._bins, self.view, self._png, self._drawing = None, None, None, None, None, None
         self.draw_time, self.n_draws, self.picture_time, self.metric_names, self._auto_log = 0.0, 0, 0.0, [], False
+        self._shown = None   # where the fit was at the last frame sent (`_now`)
 
     def before_fit(self):
         self.wait()   # the last fit's picture
@@ -516,7 +522,7 @@ class LivePlot(_Frames, _Picture, MainProcessHook):
         if active in (None, 'off') or (view is None and self.path is None): return   # nothing shown, no file
         try:
             frame = self.frame()
-            if view is not None: view.show(*pack(frame))   # the end of the fit, at once
+            if view is not None and self._shown != self._now(): view.show(*pack(frame))   # the end, at once
         except Exception as e:
             warnings.warn(f"LivePlot could not draw the final curves: {type(e).__name__}: {e}", TrainerWarning)
             if view is not None: view.finish(None)
