@@ -34,14 +34,16 @@ def test_causal_lm_predict_and_token_accuracy_equal_by_hand(tmp_path, processes)
 
 @pytest.mark.skipif(not os.path.exists('/proc/self/clear_refs'), reason="needs Linux's /proc/self/clear_refs")
 def test_preprocess_preds_keeps_ids_not_logits(tmp_path):
-    "256 sequences x 64 tokens x 8,000 words: the peak grows by less than a tenth of what the logits would take."
+    """256 sequences x 64 tokens x 8,000 words: the peak grows by less than a quarter of what the logits would take
+    (524 MB; kept, they and their concatenation raise it by 1.06 GB). The allocator's own high-water mark for the
+    per-batch work moves between 17 and 81 MB from run to run on a busy machine, so a tenth (52 MB) failed by chance."""
     out = tmp_path / 'lm_memory.json'
     p = subprocess.run([sys.executable, SCRIPT, 'lm_memory', str(out)], capture_output=True, text=True, timeout=600,
                        env=dict(os.environ, OMP_NUM_THREADS='1'))
     assert p.returncode == 0, p.stderr[-3000:]
     r = json.loads(out.read_text())
     assert r['preds'] == [256, 64] and r['dtype'] == 'torch.int64' and r['targets_equal']
-    assert r['peak'] < r['full_logits_bytes'] / 10, r
+    assert r['peak'] < r['full_logits_bytes'] / 4, r
 
 
 class Net(torch.nn.Module):
