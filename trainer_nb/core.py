@@ -51,6 +51,7 @@ class Trainer:
                  preprocess_preds=None,  # `f(preds, targets) -> preds` per evaluation batch, first (e.g. an argmax)
                  pad_index: int = -100,  # fills ragged predictions and targets up to the longest
                  target_key: str = 'labels',  # with loss_func and dict batches: the key of the targets
+                 preds_key=None,      # which of the model's outputs are the predictions: a key, an index or `f(out)`
                  hooks=(),            # hook instances (or classes) to add to the default ones
                  default_hooks: bool = True,  # add `Trainer.default_hooks` (Recorder, Progress, LivePlot)
                  scheduler=None,      # `scheduler(optimizer, total_steps) -> LRScheduler`, built at each fit
@@ -72,6 +73,7 @@ class Trainer:
         self.loss_func, self.train_step, self.eval_step = loss_func, train_step, eval_step
         self.metrics, self.preprocess_preds, self.pad_index = _metric_list(metrics), preprocess_preds, pad_index
         self.target_key, self._inputs = target_key, None   # (`_inputs`: what the model's forward takes, once read)
+        self.preds_key = preds_key
         self.max_grad_norm, self.nan_policy, self.sync_every = max_grad_norm, nan_policy, sync_every
         self.manual = manual
         self.scheduler_func, self.schedulers = scheduler, {}
@@ -285,8 +287,9 @@ class Trainer:
 
     def _forward(self, batch, train: bool) -> tuple:
         """`(loss, preds, targets)` of a batch, for training and evaluation alike: `train_step` / `eval_step` when
-        given, else `loss_func(model(*inputs), targets)`, else `model(**batch)` returning its own loss. In training,
-        `after_pred` runs between the model and the loss, and may replace `trainer.preds`."""
+        given, else `loss_func(model(*inputs), targets)`, else `model(**batch)` returning its own loss. The model's
+        output is split by `_out_parts` (its loss, its predictions). In training, `after_pred` runs between the model
+        and the loss, and may replace `trainer.preds` (with `loss_func`, the loss is computed from it)."""
         step = self.train_step if train else _eval_step_of(self)
         after_pred = train and self._calls['after_pred']
         if step is not None:
@@ -299,19 +302,19 @@ class Trainer:
         if self.loss_func is not None:
             if type(batch) is tuple or not isinstance(batch, Mapping):   # (the common case first: no ABC check)
                 xs, y = _split(batch)
-                self.preds = self.model(*xs)
+                out = self.model(*xs)
             else:   # targets under `target_key`, the rest to the model by name
                 y = _targets_of(self, batch, train)
-                self.out = self.model(**_model_inputs(self, batch, skip=self.target_key))
-                self.preds = _logits(self.out)
+                out = self.model(**_model_inputs(self, batch, skip=self.target_key))
+            if type(out) is torch.Tensor and self.preds_key is None: self.preds = out   # (the common case: no look)
+            else: self.out, self.preds = out, _out_parts(out, self.preds_key)[1]
             if after_pred: self._calls.run('after_pred')
             loss = self.loss_func(self.preds, y) if train or y is not None else None
             return (_check_loss(loss, "loss_func's result") if train else loss), self.preds, y
         if not isinstance(batch, Mapping): raise TypeError(_NOT_A_DICT.format(type(batch).__name__))
         out = self.out = self.model(**_model_inputs(self, batch))
-        self.preds = _logits(out)
+        loss, self.preds = _out_parts(out, self.preds_key)
         if after_pred: self._calls.run('after_pred')
-        loss = out.get('loss') if isinstance(out, Mapping) else getattr(out, 'loss', None)
         if train: _check_loss(loss, "the model's loss")
         return loss, self.preds, batch.get('labels')
 
@@ -636,10 +639,6 @@ def _targets_of(t, batch, train: bool):
                        f"{', '.join(map(repr, batch))}): pass target_key= naming the key of the targets")
     return y
 
-def _logits(out):
-    "The predictions in a model's output: its `.logits` (or `['logits']`) when it has them, else the output itself."
-    return out.get('logits', out) if isinstance(out, Mapping) else getattr(out, 'logits', out)
-
 def _model_inputs(t, batch, skip=None) -> dict:
     """The items of dict `batch` the model's `forward` takes by name (`skip` left out). Its signature is read once
     (again for another model); the keys it doesn't name are dropped, with one warning naming them."""
@@ -684,6 +683,33 @@ def _eval_step_of(t):
     if t.manual: raise ValueError("With manual=True, train_step changes the weights: pass eval_step= (or loss_func=) "
                                   "to evaluate")
     return t.train_step
+
+# %% ../nbs/00_core.ipynb #c6aa1702
+def _out_parts(out, key=None) -> tuple:
+    """`(loss, preds)` of a model's output `out` (loss None where it has none). A dict or a `ModelOutput`: its
+    `'loss'`, and its `'logits'`, else its other items (one: that value; several: a dict of them). A tuple or list
+    whose first item is a scalar tensor is `(loss, preds...)` (else it is all predictions); the predictions are the
+    one item left, or a tuple of those left. Anything else: its `.loss`, and its `.logits` or itself. `key` picks the
+    predictions: a key (or attribute) name, an index, or a function `key(out) -> preds`."""
+    if isinstance(out, Mapping): loss = out.get('loss')
+    elif isinstance(out, (tuple, list)) and not hasattr(out, '_fields'):   # (not a named tuple: its attributes)
+        loss = out[0] if out and isinstance(out[0], torch.Tensor) and out[0].ndim == 0 else None
+        if key is None:
+            rest = tuple(out[1:] if loss is not None else out)
+            return loss, (rest[0] if len(rest) == 1 else rest or None)
+    else: loss = getattr(out, 'loss', None)
+    if callable(key): return loss, key(out)
+    if isinstance(key, int) or (key is not None and isinstance(out, Mapping)):
+        try: return loss, out[key]
+        except (KeyError, IndexError, TypeError):
+            keys = f" (its keys: {', '.join(map(repr, out))})" if isinstance(out, Mapping) else ""
+            raise KeyError(f"preds_key={key!r}: the model's output ({type(out).__name__}) has no such item"
+                           f"{keys}") from None
+    if key is not None: return loss, getattr(out, key)
+    if not isinstance(out, Mapping): return loss, getattr(out, 'logits', out)
+    if 'logits' in out: return loss, out['logits']
+    rest = {k: v for k, v in out.items() if k != 'loss'}
+    return loss, (next(iter(rest.values())) if len(rest) == 1 else rest or None)
 
 # %% ../nbs/00_core.ipynb #b557502c
 class _Plain:
