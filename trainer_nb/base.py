@@ -12,7 +12,7 @@ from dataclasses import dataclass, asdict
 __all__ = ['EVENTS', 'BATCH_EVENTS', 'CANCELS', 'RESERVED', 'CancelBatch', 'CancelEpoch', 'CancelFit', 'annotate', 'hook_error',
            'Hook', 'MainProcessHook', 'unknown_events', 'hooks_of', 'EventCalls', 'LoopState', 'LossLog',
            'LoggedValues', 'loader_generators', 'rng_state', 'set_rng_state', 'Smoother', 'smooth', 'name_of',
-           'to_plain', 'to_cpu', 'batch_size', 'has_len', 'check_idle', 'TrainerWarning']
+           'to_plain', 'to_cpu', 'batch_size', 'has_len', 'check_idle', 'check_monitor', 'TrainerWarning']
 
 # %% ../nbs/00_base.ipynb #e4266d3d
 import numpy as np
@@ -420,6 +420,23 @@ def has_len(dl) -> int | None:
 def check_idle(trainer, what: str):
     "Refuse to `what` (e.g. 'add hooks') while `trainer`'s fit is running."
     if trainer.fitting: raise RuntimeError(f"Can't {what} while fit is running")
+
+def check_monitor(trainer, monitor: str | None, who: str):
+    """Refuse (before a fit trains) a `monitor` that `trainer`'s epoch results won't hold: one that only validation
+    reports while the trainer has no `valid_dl`, or a near miss of one of `trainer.result_names()` (`who`: the hook)."""
+    if monitor is None: return
+    known = trainer.result_names()
+    if monitor in known: return
+    valid = trainer.result_names(valid=True)
+    if monitor in valid:
+        raise ValueError(f"{who} monitors {monitor!r}, which only validation reports, and the trainer has no valid_dl: "
+                         f"give it one, or monitor one of the results it will have ({', '.join(known)})")
+    close = (difflib.get_close_matches(monitor, valid, n=1, cutoff=0.7)   # a misspelling, or two letters swapped:
+             or [n for n in valid if sorted(n.lower()) == sorted(monitor.lower())][:1])
+    if close:
+        why = "" if close[0] in known else ", which only validation reports (the trainer has no valid_dl)"
+        raise ValueError(f"{who} monitors {monitor!r}, which no epoch's results will hold: did you mean "
+                         f"{close[0]!r}{why}? The results: {', '.join(known)}, and what trainer.log records")
 
 # %% ../nbs/00_base.ipynb #b8d4f6e2
 class TrainerWarning(UserWarning):

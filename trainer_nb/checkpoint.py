@@ -17,7 +17,8 @@ __all__ = ['list_checkpoints', 'verify_checkpoint', 'run_config', 'config_diff',
 # %% ../nbs/06_checkpoint.ipynb #77d58462
 import numpy as np
 import torch
-from .base import CancelFit, Hook, MainProcessHook, TrainerWarning, name_of, rng_state, to_plain
+from .base import (CancelFit, Hook, MainProcessHook, TrainerWarning, check_monitor, name_of, rng_state,
+                             to_plain)
 
 # %% ../nbs/06_checkpoint.ipynb #dda70a9d
 _NAME = re.compile(r'^step-(\d+)$')
@@ -779,6 +780,7 @@ class _CheckpointEvents(_CheckpointSaving):
         self._fit_start = t.state.epoch if plan is None else plan.fit_start
         self._resume_rng = None if plan is None else plan.epoch_rng
         self._resumed_from = None if plan is None or plan.path is None else Path(plan.path)   # (None: in memory)
+        if self.monitor != 'valid_loss' or t.valid_dl is not None: check_monitor(t, self.monitor, 'Checkpoint')
         self._open()
         self._warn_unreported_monitor()
         if t.is_main_process:
@@ -900,6 +902,8 @@ class EarlyStopping(Hook):
     def state_dict(self) -> dict: return {'best': self.best, 'best_epoch': self.best_epoch, 'wait': self.wait}
     def load_state_dict(self, d: dict):
         self.best, self.best_epoch, self.wait, self._best_weights = d['best'], d['best_epoch'], d['wait'], None
+
+    def before_fit(self): check_monitor(self.trainer, self.monitor, 'EarlyStopping')   # (a name no epoch will report)
 
     def after_epoch(self):
         t = self.trainer

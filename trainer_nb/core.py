@@ -513,6 +513,14 @@ class Trainer:
                               f"{[h.name for h in self.hooks]}); add one trainer_nb.recorder.Recorder")
         return keepers[0].history
 
+    def result_names(self, valid: bool | None = None) -> list[str]:
+        """The names of an epoch's results (`epoch_results`, the history's columns) as far as they are known before a
+        fit: `epoch`, `train_loss`, with a `valid_dl` (or `valid=True`) `valid_loss` and the metrics' names, what `log`
+        recorded so far, `time`. A metric whose result is a dict, `log` and hooks may add others when they report."""
+        if valid is None: valid = self.valid_dl is not None
+        metrics = [n for item in _metric_items(self.metrics) for n in _result_names(*item)] if valid else []
+        return ['epoch', 'train_loss', *(['valid_loss', *metrics] if valid else []), *self.logged, 'time']
+
     # ---- the features, one line each ----
     def fit_one_cycle(self,
                       epochs: int | None = None,  # epochs to train (the cycle spans them)

@@ -16,7 +16,7 @@ from accelerate.utils import find_executable_batch_size, send_to_device
 from torch.optim.lr_scheduler import ReduceLROnPlateau
 import itertools
 from torch.utils.data import IterableDataset
-from .base import EVENTS, Hook, check_idle, rng_state, set_rng_state
+from .base import EVENTS, Hook, check_idle, check_monitor, rng_state, set_rng_state
 
 # %% ../nbs/15_workflow.ipynb #79b6b2b5
 def _positive(out: list, lr) -> list[float]:
@@ -153,6 +153,7 @@ class PlateauLR(Hook):
     def load_state_dict(self, d: dict): self.scheduler, self._saved = None, (dict(d) if d else None)
 
     def before_fit(self):
+        check_monitor(self.trainer, self.monitor, 'PlateauLR')
         if self.trainer.scheduler is not None:
             raise ValueError("PlateauLR sets the LRs itself: fit with no per-step schedule (plain fit, no scheduler=; "
                              "not fit_one_cycle/fit_cosine/fit_constant), or drop the PlateauLR hook")
