@@ -14,6 +14,7 @@ __all__ = ['Trainer', 'FitStopped', 'log_scalar', 'PrintMetrics']
 import torch
 from torch.utils.data import IterableDataset
 from accelerate import Accelerator, skip_first_batches
+from accelerate.state import AcceleratorState
 from accelerate.utils import DistributedType, concatenate, honor_type, pad_across_processes, recursively_apply
 from accelerate.utils.memory import clear_device_cache
 
@@ -69,6 +70,7 @@ class Trainer:
                  compile: bool | dict = False):  # torch.compile the model (a dict: its keyword arguments)
         _check_args(model, mixed_precision, grad_accum, nan_policy, lr, metrics, optimizers, manual, train_step)
         self.accelerator = _accelerator(accelerator, mixed_precision, grad_accum, cpu, log_with, project_dir)
+        self.mixed_precision = self.accelerator.mixed_precision   # this trainer's own (see "Mixed precision")
         self.grad_accum = grad_accum if accelerator is None else self.accelerator.gradient_accumulation_steps
         self.loss_func, self.train_step, self.eval_step = loss_func, train_step, eval_step
         self.metrics, self.preprocess_preds, self.pad_index = _metric_list(metrics), preprocess_preds, pad_index
@@ -725,6 +727,7 @@ class _Plain:
     def __init__(self, t):
         acc = t.accelerator
         acc.gradient_accumulation_steps = t.grad_accum   # process-wide in Accelerate: set it per fit
+        _own_precision(t)   # and the mixed precision: this trainer's
         plain = acc.scaler is None and acc.distributed_type in (DistributedType.NO, DistributedType.MULTI_CPU,
                                                                 DistributedType.MULTI_GPU)
         self.every_batch, self.one_process = t.grad_accum == 1, acc.num_processes == 1
@@ -1180,6 +1183,7 @@ def _run_eval(t, dl, keep_preds: bool, stream=()):
     if dl is None: raise ValueError("No dataloader to evaluate on: pass one, or give the Trainer a valid_dl")
     if has_len(dl) == 0: raise ValueError("The evaluation dataloader yields no batches (is the dataset empty?)")
     acc, pdl, pre, pad = t.accelerator, t.prepared(dl), t.preprocess_preds, t.pad_index
+    _own_precision(t)   # (what `acc.autocast()` reads)
     own = [(n, m) for n, m in stream if _torchmetrics(m) is not None]
     every = [(n, m) for n, m in stream if _torchmetrics(m) is None]
     was_training = t.model.training
@@ -1330,12 +1334,29 @@ def _accelerator(accelerator, mixed_precision, grad_accum, cpu, log_with, projec
         if given: warnings.warn(f"{', '.join(given)} ignored: the accelerator passed decides them "
                                 "(give them to your Accelerator instead)", TrainerWarning, stacklevel=3)
         return accelerator
-    acc = Accelerator(mixed_precision=mixed_precision, gradient_accumulation_steps=grad_accum, cpu=cpu,
-                      step_scheduler_with_optimizer=False, log_with=log_with, project_dir=project_dir)
-    if acc.device.type == 'cpu' and acc.mixed_precision == 'fp16':
-        warnings.warn("mixed_precision='fp16' needs a GPU: on the CPU Accelerate trains in float32 "
-                      "(use 'bf16' for mixed precision on the CPU)", TrainerWarning)
+    state = AcceleratorState._shared_state   # (the process-wide dict itself: Accelerate's state lives in it)
+    before = dict(state)
+    if before.get('_mixed_precision', mixed_precision) != mixed_precision and before.get('distributed_type') in _OWN:
+        AcceleratorState._reset_state()   # another trainer's precision: made anew (the processes, PartialState, kept)
+    try:
+        acc = Accelerator(mixed_precision=mixed_precision, gradient_accumulation_steps=grad_accum, cpu=cpu,
+                          step_scheduler_with_optimizer=False, log_with=log_with, project_dir=project_dir)
+        if acc.device.type == 'cpu' and mixed_precision == 'fp16':
+            raise ValueError("mixed_precision='fp16' needs a GPU, and this trainer runs on the CPU: pass "
+                             "mixed_precision='bf16' (mixed precision on the CPU) or 'no'")
+    except BaseException:   # refused: the state as the trainers made before left it
+        state.clear()
+        state.update(before)
+        raise
     return acc
+
+_OWN = (DistributedType.NO, DistributedType.MULTI_CPU, DistributedType.MULTI_GPU)   # where a precision is per trainer
+
+def _own_precision(t):
+    "Make Accelerate's process-wide mixed precision (which `autocast` reads) `t`'s own, where another trainer set it."
+    state = AcceleratorState._shared_state
+    if state.get('_mixed_precision', t.mixed_precision) != t.mixed_precision and state.get('distributed_type') in _OWN:
+        state['_mixed_precision'] = t.mixed_precision
 
 # %% ../nbs/00_core.ipynb #4bed3e72
 def _make_optimizer(opt_func, model, lr):
