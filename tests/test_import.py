@@ -65,3 +65,19 @@ print(json.dumps({'dir': [m for m in api if m not in dir(Trainer)], 'help': [m f
     r = json.loads(p.stdout.strip().splitlines()[-1])
     assert r['dir'] == [] and r['help'] == [] and r['epochs'] == 1
     assert 'trainer_nb.all' not in r['loaded']
+
+
+def test_import_all_leaves_out_the_heavy_optional_libraries():
+    """`import trainer_nb.all` imports neither torchmetrics (seconds: it imports transformers and SciPy where they are
+    installed) nor transformers, datasets or peft; `Mean(f)` imports torchmetrics and is its `Metric`."""
+    code = ("import sys, json, trainer_nb.all\n"
+            "heavy = ('torchmetrics', 'transformers', 'datasets', 'peft', 'scipy')\n"
+            "before = [m for m in heavy if m in sys.modules]\n"
+            "from trainer_nb.metrics import Mean\n"
+            "m = Mean(lambda p, y: (p - y).abs())\n"
+            "import torchmetrics\n"
+            "print(json.dumps({'before': before, 'metric': isinstance(m, torchmetrics.Metric) and isinstance(m, Mean)}))")
+    p = subprocess.run([sys.executable, '-c', code], cwd=REPO, capture_output=True, text=True, timeout=120)
+    assert p.returncode == 0, p.stderr[-3000:]
+    r = json.loads(p.stdout.strip().splitlines()[-1])
+    assert r == {'before': [], 'metric': True}

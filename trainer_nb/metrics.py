@@ -12,23 +12,38 @@ __all__ = ['Mean']
 import torch
 
 # %% ../nbs/14_metrics.ipynb #98ca6c8e
-from torchmetrics import Metric
+import functools, sys
 
 # %% ../nbs/14_metrics.ipynb #b4e3cc48
-class Mean(Metric):
-    "Mean of `f(preds, targets)` (a tensor of per-sample, or per-element, values): a torchmetrics `Metric`."
-    full_state_update = False
+class _MadeAtFirstUse(type):
+    "`Mean`'s type: `isinstance(m, Mean)` asks the torchmetrics class that `Mean(f)` makes."
+    def __instancecheck__(cls, obj): return 'torchmetrics' in sys.modules and isinstance(obj, _mean_metric())
 
-    def __init__(self, f, **kwargs):
-        super().__init__(**kwargs)
-        self.f = f
-        self.add_state('total', torch.zeros((), dtype=torch.float64), dist_reduce_fx='sum')
-        self.add_state('count', torch.zeros((), dtype=torch.int64), dist_reduce_fx='sum')
+class Mean(metaclass=_MadeAtFirstUse):
+    """Mean of `f(preds, targets)` (a tensor of per-sample, or per-element, values): a torchmetrics `Metric` (the
+    first `Mean` made imports torchmetrics; the library does not)."""
+    def __new__(cls, f, **kwargs): return _mean_metric()(f, **kwargs)
 
-    def update(self, preds, targets):
-        v = self.f(preds, targets)
-        self.total += v.double().sum()
-        self.count += v.numel()
+@functools.cache
+def _mean_metric():
+    "The torchmetrics `Metric` that `Mean(f)` makes, defined when the first one is."
+    from torchmetrics import Metric
 
-    def compute(self) -> torch.Tensor:
-        return self.total / self.count   # (NaN before any sample)
+    class Mean(Metric):
+        __doc__ = globals()['Mean'].__doc__
+        full_state_update = False
+
+        def __init__(self, f, **kwargs):
+            super().__init__(**kwargs)
+            self.f = f
+            self.add_state('total', torch.zeros((), dtype=torch.float64), dist_reduce_fx='sum')
+            self.add_state('count', torch.zeros((), dtype=torch.int64), dist_reduce_fx='sum')
+
+        def update(self, preds, targets):
+            v = self.f(preds, targets)
+            self.total += v.double().sum()
+            self.count += v.numel()
+
+        def compute(self) -> torch.Tensor:
+            return self.total / self.count   # (NaN before any sample)
+    return Mean
