@@ -15,7 +15,8 @@ import torch
 from torch.utils.data import IterableDataset
 from accelerate import Accelerator, skip_first_batches
 from accelerate.state import AcceleratorState
-from accelerate.utils import DistributedType, concatenate, honor_type, pad_across_processes, recursively_apply
+from accelerate.utils import (DistributedType, concatenate, honor_type, pad_across_processes, recursively_apply,
+                               set_seed)
 from accelerate.utils.memory import clear_device_cache
 
 # %% ../nbs/00_core.ipynb #6fe0eead
@@ -67,8 +68,10 @@ class Trainer:
                  accelerator: Accelerator | None = None,  # or your own; it then decides the five arguments above
                  optimizers: dict | None = None,  # named optimizers (instances or `f(model)`), in place of opt_func
                  manual: bool = False,  # train_step optimizes by hand (`trainer.backward`, `trainer.step`)
-                 compile: bool | dict = False):  # torch.compile the model (a dict: its keyword arguments)
+                 compile: bool | dict = False,  # torch.compile the model (a dict: its keyword arguments)
+                 seed: int | None = None):  # seed Python's, NumPy's and torch's generators first (see below)
         _check_args(model, mixed_precision, grad_accum, nan_policy, lr, metrics, optimizers, manual, train_step)
+        if seed is not None: set_seed(seed)   # (before anything here draws a random number)
         self.accelerator = _accelerator(accelerator, mixed_precision, grad_accum, cpu, log_with, project_dir)
         self.mixed_precision = self.accelerator.mixed_precision   # this trainer's own (see "Mixed precision")
         self.grad_accum = grad_accum if accelerator is None else self.accelerator.gradient_accumulation_steps

@@ -135,7 +135,7 @@ DEFAULTS = {
 }
 # the trainer's arguments that other fields give (and the field that does)
 _FROM_FIELDS = {'model': 'model', 'train_dl': 'data', 'valid_dl': 'data', 'loss_func': 'loss', 'metrics': 'metrics',
-                'opt_func': 'optimizer', 'lr': 'fit.lr', 'scheduler': 'schedule', 'hooks': 'hooks'}
+                'opt_func': 'optimizer', 'lr': 'fit.lr', 'scheduler': 'schedule', 'hooks': 'hooks', 'seed': 'seed'}
 _NOT_IN_CONFIG = {'train_step': 'it is code: define it in a registered Trainer subclass that passes it on',
                   'eval_step': 'it is code: define it in a registered Trainer subclass that passes it on',
                   'accelerator': 'give the Accelerator settings instead (mixed_precision, grad_accum, cpu, log_with)'}
