@@ -64,6 +64,7 @@ class Hook:
     order: int = 0
     main_process_only: bool = False   # run on the main process only (see `MainProcessHook`)
     in_dev_run: bool = True           # run in `fit(fast_dev_run=True)`
+    keep_preds: bool = False          # keep `trainer.preds` and `.out` past the backward pass (see the events' table)
     trainer = None                    # the `Trainer` it was added to
 
     @property

@@ -220,6 +220,7 @@ class Trainer:
                     self._backward_done = True
                     if calls['after_backward']: calls.run('after_backward')
                     due = plain.every_batch or self.accelerator.sync_gradients
+                if plain.lean: self.preds = self.out = None   # (not alive through the step: a lean step)
         except CancelBatch: _drop_batch(self)
         s.samples += batch_size(batch) if plain.one_process else _rows_everywhere(self.accelerator, batch_size(batch))
         s.iteration += 1   # the batch counts from here: a step's hooks see it counted, its loss in the log
@@ -739,6 +740,7 @@ class _Plain:
         self.opt = t.opt.optimizer if plain else t.opt   # the optimizer to step: torch's, or Accelerate's wrapper
         self.pending = t.losses.pending   # where each batch's loss goes (the log's list, flushed in place)
         self.keep = torch.Tensor.item if acc.device.type == 'cpu' else torch.Tensor.detach   # (see `LossLog`)
+        self.lean = not any(h.keep_preds for h in t.hooks)   # let go of the predictions after `after_backward`
 
 def _named_opt(t, opt):
     "`(name, optimizer)` for `opt`: a name, one of `optimizers` (or what it wraps), or None for the first."
