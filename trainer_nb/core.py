@@ -216,7 +216,7 @@ class Trainer:
                 plain.pending.append(plain.keep(loss))
                 if self.nan_policy == 'skip': _skip_non_finite(self, loss)
                 if not self.manual:   # (a manual train_step has made its own backward passes and steps)
-                    self.backward(loss)
+                    self.backward(loss if plain.items is None else plain.items.weigh(loss))
                     self._backward_done = True
                     if calls['after_backward']: calls.run('after_backward')
                     due = plain.every_batch or self.accelerator.sync_gradients
@@ -238,6 +238,7 @@ class Trainer:
     def _step(self):
         "The optimizer step that ends a batch or an accumulation group."
         calls = self._calls
+        if self._plain.items is not None: self._plain.items.normalize(self)   # (token-exact accumulation)
         if calls['before_step']: calls.run('before_step')
         self.optimizer_step()
         stepped = self.accelerator.scaler is None or not self.opt.step_was_skipped   # (fp16: an overflow skips it)
@@ -318,7 +319,9 @@ class Trainer:
             loss = self.loss_func(self.preds, y) if train or y is not None else None
             return (_check_loss(loss, "loss_func's result") if train else loss), self.preds, y
         if not isinstance(batch, Mapping): raise TypeError(_NOT_A_DICT.format(type(batch).__name__))
-        out = self.out = self.model(**_model_inputs(self, batch))
+        inputs, items = _model_inputs(self, batch), self._plain.items if train else None
+        if items is not None: inputs = {**inputs, 'num_items_in_batch': items.count(batch)}
+        out = self.out = self.model(**inputs)
         loss, self.preds = _out_parts(out, self.preds_key)
         if after_pred: self._calls.run('after_pred')
         if train: _check_loss(loss, "the model's loss")
@@ -741,6 +744,7 @@ class _Plain:
         self.pending = t.losses.pending   # where each batch's loss goes (the log's list, flushed in place)
         self.keep = torch.Tensor.item if acc.device.type == 'cpu' else torch.Tensor.detach   # (see `LossLog`)
         self.lean = not any(h.keep_preds for h in t.hooks)   # let go of the predictions after `after_backward`
+        self.items = _ItemCount(t) if _counts_items(t) else None   # token-exact accumulation (see below)
 
 def _named_opt(t, opt):
     "`(name, optimizer)` for `opt`: a name, one of `optimizers` (or what it wraps), or None for the first."
@@ -750,8 +754,9 @@ def _named_opt(t, opt):
     raise KeyError(f"{opt!r} is not one of this trainer's optimizers ({', '.join(t.optimizers)})")
 
 def _drop_grads(t):
-    "Forget every optimizer's gradients (a batch dropped with its accumulation group)."
+    "Forget every optimizer's gradients (a batch dropped with its accumulation group), and their items' count."
     for o in t.optimizers.values(): o.optimizer.zero_grad(set_to_none=True)
+    if t._plain.items is not None: t._plain.items.total = 0
 
 def _drop_batch(t):
     "What `CancelBatch` before the step leaves: no gradient of this batch kept (nor of its group, when mixed in)."
@@ -764,6 +769,49 @@ def _rows_everywhere(acc, bs: int) -> int:
     gs = acc.gradient_state
     if gs.end_of_dataloader and gs.remainder > 0: return gs.remainder
     return bs * acc.num_processes
+
+# %% ../nbs/00_core.ipynb #cbc5ee9a
+class _ItemCount:
+    "The items of the accumulation group so far (a tensor on the device), and their share of each batch's loss."
+    def __init__(self, t):
+        m = t.unwrapped_model
+        self.shift = (getattr(getattr(m, 'loss_function', None), '__name__', '') == 'ForCausalLMLoss'
+                      and not getattr(getattr(m, 'config', None), 'is_encoder_decoder', False))
+        self.pad, self.total, self.batch = t.pad_index, 0, None
+
+    def count(self, batch):
+        "This batch's items: its labels that are not padding (a causal LM's from the second on: what its loss sums)."
+        y = batch.get('labels')
+        if y is None: self.batch = torch.tensor(batch_size(batch))
+        else: self.batch = (y[..., 1:] if self.shift else y).ne(self.pad).sum()
+        return self.batch
+
+    def weigh(self, loss):
+        "What to back-propagate for a batch whose mean `loss` is over `count(batch)` items: their sum."
+        self.total = self.total + self.batch
+        return loss * self.batch
+
+    def normalize(self, t):
+        "At the group's end: the gradients of the sums divided by the group's items over every process."
+        acc, n = t.accelerator, self.total
+        if not isinstance(n, torch.Tensor): return   # (no batch counted: nothing to scale)
+        if acc.num_processes > 1: n = acc.reduce(n.to(acc.device), 'sum')
+        factor = (acc.gradient_accumulation_steps * acc.num_processes / n.clamp(min=1).double()).float()
+        grads = [p.grad for p in t.model.parameters() if p.grad is not None]
+        if grads: torch._foreach_mul_(grads, factor.to(grads[0].device))
+        self.total = 0
+
+def _counts_items(t) -> bool:
+    "Does accumulation count items: several batches or processes per step, and a model taking `num_items_in_batch`."
+    acc = t.accelerator
+    if t.grad_accum == 1 and acc.num_processes == 1: return False
+    if t.loss_func is not None or t.train_step is not None: return False
+    m = t.unwrapped_model
+    takes = getattr(m, 'accepts_loss_kwargs', None)
+    if takes is None:
+        params = inspect.signature(m.forward).parameters.values()
+        takes = any(p.kind == p.VAR_KEYWORD or p.name == 'num_items_in_batch' for p in params)
+    return bool(takes)
 
 # %% ../nbs/00_core.ipynb #166f1ac3
 def _skip_non_finite(t, loss):
