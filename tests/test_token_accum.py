@@ -52,6 +52,49 @@ def test_two_processes_train_as_the_big_batch(tmp_path):
     torch.testing.assert_close(torch.load(tmp_path / 'weights.pt'), train(8, 1), rtol=0, atol=2e-6)
 
 
+
+class Tagger(torch.nn.Module):
+    "A tag per token: `(batch, tags, tokens)` logits, as `nn.CrossEntropyLoss` takes them."
+    def __init__(self):
+        super().__init__()
+        torch.manual_seed(0)
+        self.emb, self.out = torch.nn.Embedding(20, 8), torch.nn.Linear(8, 5)
+    def forward(self, x): return self.out(self.emb(x)).transpose(1, 2)
+
+
+def tagged(n=24, seed=0):
+    "Sequences of 2 to 12 tokens, a tag each."
+    g = torch.Generator().manual_seed(seed)
+    return [(x, x % 5) for x in (torch.randint(0, 20, (int(k),), generator=g)
+                                 for k in torch.randint(2, 13, (n,), generator=g))]
+
+
+def pad(batch):
+    "Each batch padded to its own longest sequence: inputs with 0, tags with -100."
+    xs, ys = zip(*batch)
+    return (torch.nn.utils.rnn.pad_sequence(xs, batch_first=True),
+            torch.nn.utils.rnn.pad_sequence(ys, batch_first=True, padding_value=-100))
+
+
+def tag_train(bs, grad_accum, loss_func):
+    from trainer_nb.core import Trainer
+    t = Trainer(Tagger(), DataLoader(tagged(), batch_size=bs, collate_fn=pad), DataLoader(tagged(), batch_size=24,
+                collate_fn=pad), loss_func=loss_func, opt_func=torch.optim.SGD, lr=0.5, grad_accum=grad_accum,
+                cpu=True, default_hooks=False)
+    t.fit(1)
+    return flat(t.model), t
+
+
+def test_a_summing_loss_func_is_divided_by_the_group_s_items():
+    big, tb = tag_train(8, 1, torch.nn.CrossEntropyLoss())   # the mean over the big batch's tokens
+    small, ts = tag_train(4, 2, torch.nn.CrossEntropyLoss(reduction='sum'))
+    torch.testing.assert_close(small, big, rtol=0, atol=1e-6)
+    one, _ = tag_train(8, 1, torch.nn.CrossEntropyLoss(reduction='sum'))
+    torch.testing.assert_close(one, big, rtol=0, atol=1e-6)
+    assert ts.valid_results['valid_loss'] == pytest.approx(tb.valid_results['valid_loss'], rel=1e-5)   # a mean too
+    mean4, _ = tag_train(4, 2, torch.nn.CrossEntropyLoss())   # a plain mean: each micro-batch's / grad_accum
+    assert (mean4 - big).abs().max() > 100 * (small - big).abs().max()
+
 if __name__ == '__main__':   # one of the processes of `test_two_processes_train_as_the_big_batch`
     sys.path.insert(0, str(REPO))
     w = train(2, 2)

@@ -316,7 +316,7 @@ class Trainer:
             if type(out) is torch.Tensor and self.preds_key is None: self.preds = out   # (the common case: no look)
             else: self.out, self.preds = out, _out_parts(out, self.preds_key)[1]
             if after_pred: self._calls.run('after_pred')
-            loss = self.loss_func(self.preds, y) if train or y is not None else None
+            loss = _loss_of(self, self.preds, y) if train or y is not None else None
             return (_check_loss(loss, "loss_func's result") if train else loss), self.preds, y
         if not isinstance(batch, Mapping): raise TypeError(_NOT_A_DICT.format(type(batch).__name__))
         inputs, items = _model_inputs(self, batch), self._plain.items if train else None
@@ -775,8 +775,8 @@ class _ItemCount:
     "The items of the accumulation group so far (a tensor on the device), and their share of each batch's loss."
     def __init__(self, t):
         m = t.unwrapped_model
-        self.shift = (getattr(getattr(m, 'loss_function', None), '__name__', '') == 'ForCausalLMLoss'
-                      and not getattr(getattr(m, 'config', None), 'is_encoder_decoder', False))
+        causal = getattr(getattr(m, 'loss_function', None), '__name__', '') == 'ForCausalLMLoss'   # (transformers')
+        self.shift = t.loss_func is None and causal and not getattr(getattr(m, 'config', None), 'is_encoder_decoder', 0)
         self.pad, self.total, self.batch = t.pad_index, 0, None
 
     def count(self, batch):
@@ -801,11 +801,23 @@ class _ItemCount:
         if grads: torch._foreach_mul_(grads, factor.to(grads[0].device))
         self.total = 0
 
+def _sums(f) -> bool: return getattr(f, 'reduction', None) == 'sum'   # a loss (a torch loss module) that sums
+
+def _loss_of(t, preds, y):
+    "`loss_func(preds, y)`; a summing one's divided by its items (the targets that are not its `ignore_index`)."
+    loss = t.loss_func(preds, y)
+    if not (_sums(t.loss_func) and isinstance(y, torch.Tensor) and isinstance(loss, torch.Tensor)): return loss
+    n = y.ne(getattr(t.loss_func, 'ignore_index', t.pad_index)).sum()
+    if t._plain.items is not None: t._plain.items.batch = n   # (training: the group's count grows by it)
+    return loss / n.clamp(min=1)
+
 def _counts_items(t) -> bool:
-    "Does accumulation count items: several batches or processes per step, and a model taking `num_items_in_batch`."
+    """Does accumulation count items: a summing `loss_func`, or several batches or processes per step and a model
+    taking `num_items_in_batch`."""
     acc = t.accelerator
+    if t.train_step is not None: return False
+    if t.loss_func is not None: return _sums(t.loss_func)
     if t.grad_accum == 1 and acc.num_processes == 1: return False
-    if t.loss_func is not None or t.train_step is not None: return False
     m = t.unwrapped_model
     takes = getattr(m, 'accepts_loss_kwargs', None)
     if takes is None:
@@ -1253,7 +1265,7 @@ def _run_eval(t, dl, keep_preds: bool, stream=()):
                 else:
                     if real < bs and t.eval_step is None and t.loss_func is not None and y is not None:
                         # recompute the loss on the real rows only: padded duplicates must not count
-                        loss = t.loss_func(p[:real], y[:real]) if real else torch.zeros(())
+                        loss = _loss_of(t, p[:real], y[:real]) if real else torch.zeros(())
                     totals[0] += _check_loss(loss.detach(), "the evaluation loss").double() * real
                 totals[1] += real
                 if pre is not None: p = pre(p, y)   # before anything is kept: e.g. argmax ids, not logits
