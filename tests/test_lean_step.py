@@ -12,14 +12,16 @@ pytestmark = pytest.mark.usefixtures('fresh_accelerate')
 N_CLASSES = 4000   # logits of a batch: 16 x 4000 floats (256 kB), as large as a third of the weights
 
 
-def live_bytes() -> int:
-    "Bytes of every distinct tensor storage that Python objects reach now."
+def live_bytes(opt) -> int:
+    "Bytes of every distinct tensor storage that Python objects reach now, `opt`'s gradients included."
+    grads = [p.grad for g in opt.param_groups for p in g['params']]   # (each reachable from Python from here on)
     gc.collect()
     seen = {}
     for o in gc.get_objects():
         if issubclass(type(o), torch.Tensor) and o.device.type == 'cpu' and not o.is_meta:
             s = o.untyped_storage()
             seen[s.data_ptr()] = s.nbytes()
+    del grads
     return sum(seen.values())
 
 
@@ -33,7 +35,7 @@ def setup():
 def at_steps(opt):
     "The live tensor bytes when each step of `opt` begins."
     sizes = []
-    opt.register_step_pre_hook(lambda *a: sizes.append(live_bytes()))
+    opt.register_step_pre_hook(lambda o, *a: sizes.append(live_bytes(o)))
     return sizes
 
 

@@ -1427,7 +1427,9 @@ def _own_precision(t):
 def _make_optimizer(opt_func, model, lr):
     "The optimizer: `opt_func(params, lr=)`, or `opt_func` itself when it is an optimizer (its first group's LR > 0)."
     if not isinstance(opt_func, torch.optim.Optimizer):
-        return opt_func(model.parameters(), lr=1e-3 if lr is None else lr)
+        opt = opt_func(model.parameters(), lr=1e-3 if lr is None else lr)
+        if opt_func is torch.optim.AdamW: _decay_matrices_only(opt)   # (the default; a factory of yours: as it is)
+        return opt
     lr0 = float(opt_func.param_groups[0]['lr'])
     if not lr0 > 0:
         raise ValueError(f"The optimizer passed has lr={lr0} in its first parameter group: the trainer sets LRs by "
@@ -1471,6 +1473,19 @@ def _prepare_optimizers(acc, model, opt_func, optimizers, lr, compile=False):
         if not isinstance(compile, (bool, Mapping)): raise TypeError(f"compile must be True or a dict, got {compile!r}")
         model = torch.compile(model, **(compile if isinstance(compile, Mapping) else {}))
     return model, dict(zip(opts, prepared))
+
+# %% ../nbs/00_core.ipynb #c333ed66
+def _decay_matrices_only(opt):
+    """No weight decay on `opt`'s one-dimensional parameters (biases, normalisation weights): before each step they are
+    divided by the factor its decay multiplies them by. `opt.no_decay` marks it (for `summary`)."""
+    def before(o, args, kwargs):
+        with torch.no_grad():
+            for g in o.param_groups:
+                f = 1 - g['weight_decay'] * float(g['lr'])
+                ps = [p for p in g['params'] if p.ndim <= 1 and p.grad is not None] if 0 < f < 1 else []
+                if ps: torch._foreach_div_(ps, f)
+    opt.register_step_pre_hook(before)
+    opt.no_decay = True
 
 # %% ../nbs/00_core.ipynb #d56ab1b8
 _ACTIVE = []   # the trainers whose fit is running (the innermost last): where `log_scalar` sends values

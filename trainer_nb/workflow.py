@@ -291,12 +291,23 @@ class ModelSummary:
         t = self.totals
         return [('parameters', f"{t['params']:,} ({t['trainable']:,} trainable, {t['frozen']:,} frozen)"),
                 ('weights', _mb(t['weights_bytes'])), ('optimizer state', _mb(t['optimizer_bytes'])),
-                ('input', str(t['input']))]
+                ('input', str(t['input'])), *([('weight decay', t['weight_decay'])] if t.get('weight_decay') else [])]
     def __repr__(self):
         return self.rows.to_string(index=False) + '\n' + '\n'.join(f"{k}: {v}" for k, v in self._totals())
     def _repr_html_(self):
         foot = ''.join(f"<tr><th>{html.escape(k)}</th><td>{html.escape(v)}</td></tr>" for k, v in self._totals())
         return self.rows.to_html(index=False) + f"<table>{foot}</table>"
+
+def _decay_note(opt) -> str:
+    "Which parameters the optimizer's weight decay applies to, in words ('' where it has none)."
+    wds = {g['weight_decay'] for g in opt.param_groups if g.get('weight_decay')}
+    if not wds: return ''
+    spared = getattr(opt, 'no_decay', False)   # (the trainer's default AdamW: not the 1-d parameters)
+    n = lambda keep: sum(p.numel() for g in opt.param_groups if g.get('weight_decay') for p in g['params'] if keep(p))
+    on = n(lambda p: not spared or p.ndim > 1)
+    off = n(lambda p: spared and p.ndim <= 1)
+    rate = '/'.join(f"{w:g}" for w in sorted(wds))
+    return f"{rate} on {on:,} parameters" + (f"; none on {off:,} (biases, normalisation weights)" if off else "")
 
 def model_summary(trainer) -> ModelSummary:
     "`trainer.summary()`: the model's modules, their output shapes on one real batch, parameter counts and memory."
@@ -330,7 +341,7 @@ def model_summary(trainer) -> ModelSummary:
               'frozen': sum(p.numel() for p in params) - trainable,
               'weights_bytes': _nbytes(params) + _nbytes(list(model.buffers())),
               'optimizer_bytes': _nbytes(opt_state),
-              'input': _shape(batch), 'output': _shape(out)}
+              'input': _shape(batch), 'output': _shape(out), 'weight_decay': _decay_note(trainer.opt.optimizer)}
     return ModelSummary(pd.DataFrame(rows, columns=['module', 'type', 'output shape', 'params', 'trainable']), totals)
 
 # %% ../nbs/15_workflow.ipynb #c1a4da3f
