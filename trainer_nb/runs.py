@@ -275,8 +275,8 @@ def config_differences(recs: list[dict]) -> dict[str, list]:
 
 # %% ../nbs/17_runs.ipynb #490837be
 def _collect(path, kernel: bool, notes: list) -> list[dict]:
-    p, recs = Path(path), []
-    if p.is_dir():
+    p, recs = (None if path is None else Path(path)), []
+    if p is not None and p.is_dir():
         one = read_run(p, notes)
         if one is not None: recs.append(one)
         else:
