@@ -187,3 +187,20 @@ def test_200_runs(tmp_path, capsys):
     with capsys.disabled():
         print(f"\nruns() of 200 runs: {took:.2f} s; compare() of 200: {took_cmp:.2f} s; record: "
               f"{len(json.dumps(rec))} bytes")
+
+
+def test_the_figure_stays_in_a_saved_notebook(tmp_path):
+    "The figure as a notebook output, saved, and rendered by nbconvert without a kernel: the wide and narrow PNGs."
+    import nbformat
+    from nbconvert import HTMLExporter
+    trs = [trainer(lr=lr) for lr in (0.01, 0.1)]
+    for t in trs: t.fit(2)
+    data, meta = compare(*trs)._repr_mimebundle_()
+    nb = nbformat.v4.new_notebook()
+    nb.cells.append(nbformat.v4.new_code_cell('compare(a, b)', outputs=[
+        nbformat.v4.new_output('display_data', data=data, metadata=meta)]))
+    nbformat.write(nb, tmp_path / 'saved.ipynb')
+    html, _ = HTMLExporter().from_notebook_node(nbformat.read(tmp_path / 'saved.ipynb', as_version=4))
+    pic = html[html.index('<picture class="trainer-nb-curves">'):]
+    pic = pic[:pic.index('</picture>')]
+    assert pic.count('data:image/png;base64,') == 2 and 'media="(max-width: 700px)"' in pic
