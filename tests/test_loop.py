@@ -369,12 +369,13 @@ def test_misspelled_event_flagged_and_warned(make_trainer):
     assert any("'before_zzzzzz'" in m and "never run" in m for m in msgs), msgs
 
 
-def test_default_hooks_are_recorder_progress_liveplot(make_trainer):
+def test_default_hooks_are_recorder_progress_liveplot_runrecorder(make_trainer):
     from trainer_nb.recorder import Recorder
     from trainer_nb.progress import Progress
     from trainer_nb.liveplot import LivePlot
+    from trainer_nb.runs import RunRecorder
     t = make_trainer(default_hooks=True)
-    assert [type(h) for h in t.hooks] == [Recorder, Progress, LivePlot]
+    assert [type(h) for h in t.hooks] == [Recorder, Progress, LivePlot, RunRecorder]
     assert [type(h) for h in make_trainer(default_hooks=False).hooks] == []
 
 

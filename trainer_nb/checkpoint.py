@@ -971,7 +971,7 @@ class _MetricsFile:
         self._f.flush()
         acc = self.trainer.accelerator
         if self._send and acc.trackers:   # numbers only, named 'train/loss', 'epoch/valid_loss', ...
-            pre = 'train/' if rec['kind'] == 'train' else 'epoch/'
+            pre = {'train': 'train/', 'valid': 'valid/'}.get(rec['kind'], 'epoch/')
             vals = {pre + k: v for k, v in rec.items()
                     if k not in _COUNTERS and isinstance(v, (int, float)) and not isinstance(v, bool)}
             if vals: acc.log(vals, step=rec['step'])
@@ -1016,6 +1016,13 @@ class MetricsLog(_MetricsFile, MainProcessHook):
     def after_epoch(self):
         s = self.trainer.state
         self._write({'kind': 'epoch', 'step': s.step, 'iteration': s.iteration, **self.trainer.epoch_results})
+
+    def after_valid(self):
+        "A validation inside an epoch (`fit(eval_every=)`): one line of kind 'valid'."
+        t, s = self.trainer, self.trainer.state
+        if t.phase != 'valid_step': return   # (an epoch's end: `after_epoch` writes it)
+        self._write({'kind': 'valid', 'step': s.step, 'epoch': s.epoch + 1, 'iteration': s.iteration,
+                     **t.valid_results})
 
     def after_fit(self):
         if self._f is not None: self._f.close()

@@ -31,13 +31,14 @@ from .hooks import CompileTimer
 from .checkpoint import ResumePlan, checkpoint_hooks, close_runs, resume_plan
 from .lr_find import lr_find
 from .trackers import Trackers
+from .runs import RunRecorder
 from .workflow import (fine_tune, freeze, group_lrs, largest_batch_size, model_summary, quick_fit, split, unfreeze)
 
 # %% ../nbs/00_core.ipynb #79baf130
 class Trainer:
     """Trains `model` on `train_dl`, validates on `valid_dl`, calling hooks at each event (see the sketch above and
     `trainer_nb.base` for the events and the cancel exceptions). Default hooks: `default_hooks`."""
-    default_hooks = (Recorder, Progress, LivePlot)   # every trainer gets them unless `default_hooks=False`
+    default_hooks = (Recorder, Progress, LivePlot, RunRecorder)   # every trainer gets them unless `default_hooks=False`
 
     def __init__(self,
                  model: torch.nn.Module,  # the model to train; its forward takes a batch's inputs
@@ -55,7 +56,7 @@ class Trainer:
                  target_key: str = 'labels',  # with loss_func and dict batches: the key of the targets
                  preds_key=None,      # which of the model's outputs are the predictions: a key, an index or `f(out)`
                  hooks=(),            # hook instances (or classes) to add to the default ones
-                 default_hooks: bool = True,  # add `Trainer.default_hooks` (Recorder, Progress, LivePlot)
+                 default_hooks: bool = True,  # add `Trainer.default_hooks` (Recorder, Progress, LivePlot, RunRecorder)
                  scheduler=None,      # `scheduler(optimizer, total_steps) -> LRScheduler`, built at each fit
                  mixed_precision: str = 'no',  # 'no' | 'bf16' | 'fp16'
                  grad_accum: int = 1,  # batches per optimizer step (gradient accumulation)
