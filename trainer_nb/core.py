@@ -26,6 +26,7 @@ from .recorder import Recorder
 from .progress import Progress
 from .liveplot import LivePlot
 from .hooks import CompileTimer
+from .inside import NonFiniteError, find_non_finite, grads_finite
 from .checkpoint import ResumePlan, checkpoint_hooks, close_runs, resume_plan
 from .lr_find import lr_find
 from .trackers import Trackers
@@ -57,7 +58,7 @@ class Trainer:
                  mixed_precision: str = 'no',  # 'no' | 'bf16' | 'fp16'
                  grad_accum: int = 1,  # batches per optimizer step (gradient accumulation)
                  max_grad_norm: float | None = None,  # clip the gradients' norm once per optimizer step
-                 nan_policy: str = 'raise',    # 'raise' | 'skip' (checks each loss: one host-device sync per batch)
+                 nan_policy: str = 'raise',    # 'raise' | 'skip' (see "Non-finite losses")
                  sync_every: int = 100,         # batches between moving losses to the host
                  cpu: bool = False,   # train on the CPU even when an accelerator is there
                  log_with=None,       # experiment trackers: 'tensorboard', 'mlflow' or a list (see below)
@@ -208,11 +209,14 @@ class Trainer:
                     loss = self.loss
                 plain.pending.append(plain.keep(loss))
                 if self.nan_policy == 'skip': _skip_non_finite(self, loss)
+                elif plain.check and not math.isfinite(plain.pending[-1]): raise _non_finite_here(self, batch, 'loss')
                 if not self.manual:   # (a manual train_step has made its own backward passes and steps)
                     self.backward(loss)
                     self._backward_done = True
                     if calls['after_backward']: calls.run('after_backward')
                     due = plain.every_batch or self.accelerator.sync_gradients
+                    if due and plain.grads and not grads_finite(plain.grads):
+                        raise _non_finite_here(self, batch, 'gradient')
         except CancelBatch: _drop_batch(self)
         s.samples += batch_size(batch) if plain.one_process else _rows_everywhere(self.accelerator, batch_size(batch))
         s.iteration += 1   # the batch counts from here: a step's hooks see it counted, its loss in the log
@@ -699,6 +703,9 @@ class _Plain:
         self.opt = t.opt.optimizer if plain else t.opt   # the optimizer to step: torch's, or Accelerate's wrapper
         self.pending = t.losses.pending   # where each batch's loss goes (the log's list, flushed in place)
         self.keep = torch.Tensor.item if acc.device.type == 'cpu' else torch.Tensor.detach   # (see `LossLog`)
+        self.check = (t.nan_policy == 'raise' and not t.manual and self.one_process   # (see "Non-finite losses")
+                      and (acc.device.type == 'cpu' or t.sync_every == 1))
+        self.grads = [p for p in t.model.parameters() if p.requires_grad] if self.check and acc.scaler is None else None
 
 def _named_opt(t, opt):
     "`(name, optimizer)` for `opt`: a name, one of `optimizers` (or what it wraps), or None for the first."
@@ -744,6 +751,21 @@ def _non_finite_error(t, bad: int) -> FloatingPointError:
         f"checked when they reach the host (every sync_every={t.sync_every} batches and at the end of each "
         "epoch): its backward pass ran, and the weights after that step may already be non-finite. Lower the LR, "
         "set max_grad_norm=, check the data, or pass nan_policy='skip' to skip such batches")
+
+def _non_finite_here(t, batch, what: str) -> NonFiniteError:
+    """The error for the batch in hand: its loss (before its backward pass) or its gradients (before the optimizer
+    step) not finite, with the module where that started (the batch re-run by `find_non_finite`, without hooks)."""
+    s, lr = t.state, max(g['lr'] for g in t.opt.param_groups)
+    kept, calls, t._calls = (t.preds, t.out, t.loss), t._calls, EventCalls()
+    try: origin = find_non_finite(t.unwrapped_model, lambda: t._forward(batch, train=True)[0], what == 'gradient')
+    finally: (t.preds, t.out, t.loss), t._calls = kept, calls
+    head = f"Non-finite loss ({float(t.losses.pending[-1])})" if what == 'loss' else "Non-finite gradients"
+    return NonFiniteError(
+        f"{head} in epoch {s.epoch + 1}, batch {s.batch + 1} (iteration {s.iteration}, step {s.step}, LR {lr:.3g}). "
+        f"{origin} (the batch run again under module hooks, without the trainer's hooks). Found before its "
+        f"{'backward pass' if what == 'loss' else 'optimizer step'}: the weights and the optimizer are as they were "
+        "before this batch. Lower the LR, set max_grad_norm=, check the data, or pass nan_policy='skip' to skip "
+        "such batches", origin, epoch=s.epoch + 1, batch=s.batch + 1, iteration=s.iteration, step=s.step, lr=lr)
 
 def _epoch_train_loss(t) -> float:
     "Mean training loss of the epoch's batches (skipped ones left out), averaged over processes."
