@@ -11,12 +11,11 @@ from collections.abc import Mapping
 __all__ = ['STATS', 'non_finite', 'ModelSnapshot', 'NonFiniteOrigin', 'find_non_finite', 'NonFiniteError', 'total_norm',
            'grads_finite', 'LayerStats', 'out_of_range', 'plot_layer_stats']
 
-# %% ../nbs/17_inside.ipynb #2141864a
+# %% ../nbs/17_inside.ipynb #bdaf61c5
 import numpy as np
-import pandas as pd
 import torch
-from matplotlib.figure import Figure
 from .base import MainProcessHook, rng_state, set_rng_state
+from .recorder import new_figure
 
 # %% ../nbs/17_inside.ipynb #40b6a751
 def _floats(x) -> list:
@@ -155,9 +154,10 @@ def total_norm(ts) -> torch.Tensor:
     return torch.linalg.vector_norm(torch.stack([n.float() for n in torch._foreach_norm(ts)]))
 
 def grads_finite(params) -> bool:
-    "Whether every gradient of `params` is finite: one norm over them all, read on the host."
+    """Whether every gradient of `params` is finite: the largest magnitude over them all (not the 2-norm, whose square
+    overflows for large finite gradients), read on the host."""
     gs = [p.grad for p in params if p.grad is not None]
-    return not gs or math.isfinite(total_norm(gs))
+    return not gs or math.isfinite(torch.stack(torch._foreach_norm(gs, math.inf)).amax())
 
 # %% ../nbs/17_inside.ipynb #b4a0c68c
 STATS = ('act_mean', 'act_std', 'near_zero', 'grad_norm', 'update_ratio')
@@ -215,12 +215,13 @@ class _Reading:
         "The bytes its samples take (fixed by `keep` and the number of modules)."
         return 0 if self.samples is None else self.samples.nbytes
 
-    def plot(self, which=('act_std', 'near_zero', 'update_ratio')) -> Figure:
+    def plot(self, which=('act_std', 'near_zero', 'update_ratio')):
         "Heat maps of the statistics per layer over the steps (`plot_layer_stats`)."
         return plot_layer_stats(self, which)
 
-    def to_frame(self, since: int = 0) -> pd.DataFrame:
+    def to_frame(self, since: int = 0):
         "One row per sample and module (after step `since`): `step`, `layer` and the statistics (see above)."
+        import pandas as pd   # (importing the library does not import pandas)
         s = self.samples
         if s is None: return pd.DataFrame(columns=['step', 'layer', *STATS])
         keep = s.steps[:s.len] > since
@@ -298,8 +299,8 @@ class LayerStats(_Reading, MainProcessHook):
 
     def after_fit(self): self.after_batch()
 
-# %% ../nbs/17_inside.ipynb #003e8f4c
-def out_of_range(df: pd.DataFrame, dead: float = 0.9, fast: float = 0.1) -> str:
+# %% ../nbs/17_inside.ipynb #5501d748
+def out_of_range(df, dead: float = 0.9, fast: float = 0.1) -> str:
     "One line naming the layers out of range in `df`'s last sample of each (see above); '' when none is."
     if df.empty: return ''
     last, out = df.groupby('layer', sort=False).tail(1), []
@@ -316,12 +317,12 @@ _SCALES = {'act_std': ('log10 activation std', True), 'near_zero': ('share of ac
            'update_ratio': ('log10 update / weight', True), 'grad_norm': ('log10 gradient norm', True),
            'act_mean': ('activation mean', False)}
 
-def plot_layer_stats(stats: LayerStats, which=('act_std', 'near_zero', 'update_ratio'), width: float = 9.) -> Figure:
-    "Heat maps of `which` statistics of `stats`: a row per layer, a column per sample, over the steps."
+def plot_layer_stats(stats: LayerStats, which=('act_std', 'near_zero', 'update_ratio'), width: float = 9.):
+    "Heat maps of `which` statistics of `stats`: a row per layer, a column per sample, over the steps (a `Figure`)."
     s = stats.samples
     if s is None or s.len == 0: raise ValueError("No samples yet: fit with the LayerStats hook first")
     steps, names = s.steps[:s.len], [f"{n or 'model'} {k}" for n, k in zip(stats.names, stats.types)]
-    fig = Figure(figsize=(width, 0.9 + len(which) * (0.45 + 0.22 * len(names))), layout='constrained')
+    fig = new_figure((width, 0.9 + len(which) * (0.45 + 0.22 * len(names))), dpi=100)
     axs = fig.subplots(len(which), 1, sharex=True, squeeze=False)[:, 0]
     for ax, k in zip(axs, which):
         title, log = _SCALES[k]
