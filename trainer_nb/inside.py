@@ -239,8 +239,8 @@ class LayerStats(_Reading, MainProcessHook):
     def __init__(self, every: int = 50, modules=None, keep: int = 512, eps: float = 1e-6, report: bool = True):
         if not (isinstance(every, int) and every >= 1): raise ValueError(f"every must be an int >= 1, got {every!r}")
         self.every, self.modules, self.keep, self.eps, self.report = every, modules, keep, eps, report
-        self.names = self.types = self.samples = self._pending = None
-        self._handles = []
+        self.names = self.types = self.samples = self._acts = self._old = self._grads = None
+        self._handles, self._done = [], False
 
     def before_fit(self):
         t = self.trainer
@@ -256,40 +256,39 @@ class LayerStats(_Reading, MainProcessHook):
 
     def before_batch(self):
         t = self.trainer
+        if self._done: self._remove()
         if (t.state.step + 1) % (self.every * self.samples.stride) or not t.accelerator.sync_gradients: return
-        acts = self._pending = [None] * len(self._mods)
+        self._remove()   # (a sample whose step never came: skipped under fp16, or its batch cancelled)
+        acts = self._acts = [None] * len(self._mods)
         def keep(i):
             def hook(m, args, out):
                 if acts[i] is None: acts[i] = _act_stats(out, self.eps)
             return hook
-        self._handles = [m.register_forward_hook(keep(i)) for i, m in enumerate(self._mods)]
+        opt = t.opt.optimizer   # (torch's: Accelerate's wrapper calls it once the gradients are unscaled and clipped)
+        self._handles = [*(m.register_forward_hook(keep(i)) for i, m in enumerate(self._mods)),
+                         opt.register_step_pre_hook(self._before_step), opt.register_step_post_hook(self._after_step)]
 
-    def before_step(self):
-        if self._pending is None: return
-        self._remove()
-        scaler = self.trainer.accelerator.scaler
-        scale = 1. if scaler is None else scaler.get_scale()
-        self._grads = [_norm([p.grad for p in _own(m) if p.grad is not None]) / scale for m in self._mods]
+    def _before_step(self, opt, args, kwargs):
+        "Just before the optimizer steps (its gradients unscaled and clipped): gradient norms, the weights copied."
+        if self._acts is None or self._old is not None: return
+        self._grads = [_norm([p.grad for p in _own(m) if p.grad is not None]) for m in self._mods]
         self._old = [[p.detach().float().clone() for p in _own(m)] for m in self._mods]
 
-    def after_step(self):
-        if self._pending is None or getattr(self, '_old', None) is None: return
+    def _after_step(self, opt, args, kwargs):
+        "Just after: the updates, and the sample moved to the host in one transfer."
+        if self._old is None or self._done: return
         rows, dev = [], self.trainer.device
-        for m, acts, g, old in zip(self._mods, self._pending, self._grads, self._old):
+        for m, acts, g, old in zip(self._mods, self._acts, self._grads, self._old):
             new = [p.detach().float() for p in _own(m)]
             up = _norm([a - b for a, b in zip(new, old)]) / _norm(old) if old else _nan()
             a = acts if acts is not None else torch.full((3,), math.nan)
             rows.append(torch.cat([x.reshape(-1).to(dev) for x in (a, g, up)]))
-        self.samples.add(self.trainer.state.step, torch.stack(rows).cpu().numpy())   # the one transfer
-        self._pending = self._old = self._grads = None
-
-    def after_batch(self):
-        if self._handles: self._remove()
-        self._pending = self._old = None   # (a batch cancelled, or a step skipped: no sample)
+        self.samples.add(self.trainer.state.step + 1, torch.stack(rows).cpu().numpy())   # the one transfer
+        self._done = True   # (the hooks go at the next batch: torch refuses their removal while it calls them)
 
     def _remove(self):
         for h in self._handles: h.remove()
-        self._handles = []
+        self._handles, self._acts, self._old, self._grads, self._done = [], None, None, None, False
 
     def after_epoch(self):
         if self.report and self.samples is not None:
@@ -297,7 +296,7 @@ class LayerStats(_Reading, MainProcessHook):
             if line: print(f"LayerStats, epoch {self.trainer.state.epoch + 1}: {line}", flush=True)
         self._epoch_step = self.trainer.state.step
 
-    def after_fit(self): self.after_batch()
+    def after_fit(self): self._remove()
 
 # %% ../nbs/17_inside.ipynb #5501d748
 def out_of_range(df, dead: float = 0.9, fast: float = 0.1) -> str:
