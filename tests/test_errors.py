@@ -226,7 +226,7 @@ def test_metric_without_targets(make_trainer):
     (dict(grad_accum=2.0), ValueError, r"grad_accum must be an int >= 1"),
     (dict(lr=-1), ValueError, r"lr must be a positive number, got -1"),
     (dict(lr='1e-3'), ValueError, r"lr must be a positive number"),
-    (dict(nan_policy='ignore'), ValueError, r"nan_policy must be 'raise' or 'skip'"),
+    (dict(nan_policy='ignore'), ValueError, r"nan_policy must be 'raise', 'raise_grads' or 'skip'"),
     (dict(metrics=['accuracy']), TypeError, r"metrics must be callables"),
 ], ids=lambda v: None if isinstance(v, (dict, type, str)) else str(v))
 def test_bad_constructor_arguments(kw, exc, match):

@@ -78,8 +78,19 @@ def test_forward_names_the_module_and_leaves_the_batch_as_it_found_it():
     assert (t.state.epoch, t.state.batch, t.state.iteration, t.state.step) == counters
 
 
-def test_backward_names_the_module_whose_gradient_went_non_finite():
+def test_non_finite_weights_name_their_modules_and_the_policy_that_locates_them():
+    "By default gradients are not checked: the next loss finds the weights the step made non-finite, and says so."
     t = Trainer(sqrt_net(), DataLoader(regression_ds(24), batch_size=4), loss_func=F.mse_loss, default_hooks=False)
+    with pytest.raises(NonFiniteError, match=r"^Non-finite loss \(nan\) in epoch 1, batch 2 \(iteration 1, step 1") as info:
+        t.fit(1)
+    assert info.value.origin.kind == 'weights' and info.value.module == 'body.0'
+    assert "The weights of `body.0` are not finite already: step 1 made them so" in str(info.value)
+    assert "nan_policy='raise_grads'" in str(info.value)
+
+
+def test_backward_names_the_module_whose_gradient_went_non_finite():
+    t = Trainer(sqrt_net(), DataLoader(regression_ds(24), batch_size=4), loss_func=F.mse_loss, default_hooks=False,
+                nan_policy='raise_grads')
     w0 = [p.detach().clone() for p in t.model.parameters()]
     with pytest.raises(NonFiniteError, match=r"^Non-finite gradients in epoch 1, batch 1 \(iteration 0, step 0") as info:
         t.fit(1)

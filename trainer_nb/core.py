@@ -26,7 +26,7 @@ from .recorder import Recorder
 from .progress import Progress
 from .liveplot import LivePlot
 from .hooks import CompileTimer
-from .inside import NonFiniteError, find_non_finite, grads_finite
+from .inside import NonFiniteError, NonFiniteOrigin, find_non_finite, grads_finite
 from .checkpoint import ResumePlan, checkpoint_hooks, close_runs, resume_plan
 from .lr_find import lr_find
 from .trackers import Trackers
@@ -58,7 +58,7 @@ class Trainer:
                  mixed_precision: str = 'no',  # 'no' | 'bf16' | 'fp16'
                  grad_accum: int = 1,  # batches per optimizer step (gradient accumulation)
                  max_grad_norm: float | None = None,  # clip the gradients' norm once per optimizer step
-                 nan_policy: str = 'raise',    # 'raise' | 'skip' (see "Non-finite losses")
+                 nan_policy: str = 'raise',    # 'raise' | 'raise_grads' | 'skip' (see "Non-finite losses")
                  sync_every: int = 100,         # batches between moving losses to the host
                  cpu: bool = False,   # train on the CPU even when an accelerator is there
                  log_with=None,       # experiment trackers: 'tensorboard', 'mlflow' or a list (see below)
@@ -703,9 +703,10 @@ class _Plain:
         self.opt = t.opt.optimizer if plain else t.opt   # the optimizer to step: torch's, or Accelerate's wrapper
         self.pending = t.losses.pending   # where each batch's loss goes (the log's list, flushed in place)
         self.keep = torch.Tensor.item if acc.device.type == 'cpu' else torch.Tensor.detach   # (see `LossLog`)
-        self.check = (t.nan_policy == 'raise' and not t.manual and self.one_process   # (see "Non-finite losses")
+        self.check = (t.nan_policy != 'skip' and not t.manual and self.one_process   # (see "Non-finite losses")
                       and (acc.device.type == 'cpu' or t.sync_every == 1))
-        self.grads = [p for p in t.model.parameters() if p.requires_grad] if self.check and acc.scaler is None else None
+        grads = self.check and t.nan_policy == 'raise_grads' and acc.scaler is None   # (fp16: the scaler checks them)
+        self.grads = [p for p in t.model.parameters() if p.requires_grad] if grads else None
 
 def _named_opt(t, opt):
     "`(name, optimizer)` for `opt`: a name, one of `optimizers` (or what it wraps), or None for the first."
@@ -752,20 +753,34 @@ def _non_finite_error(t, bad: int) -> FloatingPointError:
         "epoch): its backward pass ran, and the weights after that step may already be non-finite. Lower the LR, "
         "set max_grad_norm=, check the data, or pass nan_policy='skip' to skip such batches")
 
+_RERUN = " (the batch run again under module hooks, without the trainer's hooks)"
+
 def _non_finite_here(t, batch, what: str) -> NonFiniteError:
     """The error for the batch in hand: its loss (before its backward pass) or its gradients (before the optimizer
     step) not finite, with the module where that started (the batch re-run by `find_non_finite`, without hooks)."""
     s, lr = t.state, max(g['lr'] for g in t.opt.param_groups)
     kept, calls, t._calls = (t.preds, t.out, t.loss), t._calls, EventCalls()
-    try: origin = find_non_finite(t.unwrapped_model, lambda: t._forward(batch, train=True)[0], what == 'gradient')
+    try: origin = _weights_gone(t) or find_non_finite(t.unwrapped_model, lambda: t._forward(batch, train=True)[0],
+                                                      what == 'gradient')
     finally: (t.preds, t.out, t.loss), t._calls = kept, calls
     head = f"Non-finite loss ({float(t.losses.pending[-1])})" if what == 'loss' else "Non-finite gradients"
     return NonFiniteError(
         f"{head} in epoch {s.epoch + 1}, batch {s.batch + 1} (iteration {s.iteration}, step {s.step}, LR {lr:.3g}). "
-        f"{origin} (the batch run again under module hooks, without the trainer's hooks). Found before its "
+        f"{origin}{_RERUN if origin.kind != 'weights' else ''}. Found before its "
         f"{'backward pass' if what == 'loss' else 'optimizer step'}: the weights and the optimizer are as they were "
         "before this batch. Lower the LR, set max_grad_norm=, check the data, or pass nan_policy='skip' to skip "
         "such batches", origin, epoch=s.epoch + 1, batch=s.batch + 1, iteration=s.iteration, step=s.step, lr=lr)
+
+def _weights_gone(t) -> NonFiniteOrigin | None:
+    "When parameters are not finite already (an earlier step made them so), the origin that says which ones."
+    bad = [n for n, m in t.unwrapped_model.named_modules() if any(not torch.isfinite(p).all()
+                                                                  for p in m.parameters(recurse=False))]
+    if not bad: return None
+    return NonFiniteOrigin('weights', bad[-1], None, (
+        f"The weights of {', '.join(f'`{n}`' for n in bad[:8])}{' ...' if len(bad) > 8 else ''} are not finite "
+        f"already: step {t.state.step} made them so, from non-finite gradients (or a non-finite update). "
+        "nan_policy='raise_grads' checks the gradients before each step and names the module whose backward pass "
+        "made them non-finite"))
 
 def _epoch_train_loss(t) -> float:
     "Mean training loss of the epoch's batches (skipped ones left out), averaged over processes."
@@ -1284,8 +1299,8 @@ def _check_args(model, mixed_precision, grad_accum, nan_policy, lr, metrics, opt
         raise ValueError(f"mixed_precision must be 'no', 'bf16' or 'fp16', got {mixed_precision!r}")
     if not (isinstance(grad_accum, int) and grad_accum >= 1):
         raise ValueError(f"grad_accum must be an int >= 1, got {grad_accum!r}")
-    if nan_policy not in ('raise', 'skip'):
-        raise ValueError(f"nan_policy must be 'raise' or 'skip', got {nan_policy!r}")
+    if nan_policy not in ('raise', 'raise_grads', 'skip'):
+        raise ValueError(f"nan_policy must be 'raise', 'raise_grads' or 'skip', got {nan_policy!r}")
     if lr is not None and not (isinstance(lr, (int, float)) and lr > 0):
         raise ValueError(f"lr must be a positive number, got {lr!r}")
     _check_metrics(_metric_items(_metric_list(metrics)))

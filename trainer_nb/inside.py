@@ -236,7 +236,7 @@ class LayerStats(_Reading, MainProcessHook):
     "Per-layer statistics every `every` optimizer steps (see above): `to_frame()`, `plot()`, a summary per epoch."
     order = 5   # after the schedule's and the recorder's hooks
 
-    def __init__(self, every: int = 50, modules=None, keep: int = 512, eps: float = 1e-6, report: bool = True):
+    def __init__(self, every: int = 200, modules=None, keep: int = 512, eps: float = 1e-6, report: bool = True):
         if not (isinstance(every, int) and every >= 1): raise ValueError(f"every must be an int >= 1, got {every!r}")
         self.every, self.modules, self.keep, self.eps, self.report = every, modules, keep, eps, report
         self.names = self.types = self.samples = self._acts = self._old = self._grads = None
