@@ -146,8 +146,8 @@ def test_train_writes_the_run_directory_and_refuses_to_overwrite_it(work):
 def test_an_error_while_training_shows_its_traceback(work):
     r = run('train', work / 'cfg' / 'reg.yaml', 'fit.lr=1e12', 'schedule=null', 'run_dir=null', cwd=work / 'work')
     assert r.returncode == 1
-    assert 'Traceback (most recent call last)' in r.stderr and 'FloatingPointError: Non-finite loss' in r.stderr
-    assert lines(r.stderr)[-1].startswith('trainer-nb train: error: FloatingPointError: Non-finite loss')
+    assert 'Traceback (most recent call last)' in r.stderr and 'NonFiniteError: Non-finite loss' in r.stderr
+    assert lines(r.stderr)[-1].startswith('trainer-nb train: error: NonFiniteError: Non-finite loss')
 
 
 def _stop_mid_fit(work, sig, *overrides):

@@ -109,28 +109,29 @@ def test_nan_loss_raises_naming_iteration():
                 default_hooks=False)
     assert t.nan_policy == 'raise'
     with pytest.raises(FloatingPointError) as info:
-        t.fit(1)                                          # found at the end of the epoch, after batch 5
+        t.fit(1)                                          # found at once on the CPU, before its backward pass
     msg = str(info.value)
-    assert msg.startswith("Non-finite loss (nan) in epoch 1, batch 4 (iteration 3).")
-    assert "the weights after that step may already be non-finite" in msg and "nan_policy='skip'" in msg
+    assert msg.startswith("Non-finite loss (nan) in epoch 1, batch 4 (iteration 3, step 3, LR 0.001).")
+    assert "The batch itself holds non-finite inputs" in msg and "nan_policy='skip'" in msg
+    assert "the weights and the optimizer are as they were before this batch" in msg
     assert "th batch" not in msg
     assert calls.log == ['before_fit', 'after_fit'] and not t.fitting
 
 
-def test_nan_loss_found_at_mid_epoch_sync():
-    "With sync_every=2 the NaN of batch 1 stops training at the sync after it, not at the end of the epoch."
+def test_nan_loss_found_before_its_backward_pass():
+    "On the CPU the NaN of batch 1 stops training before its backward pass: the batch isn't counted, nor stepped."
     t = Trainer(small_model(), DataLoader(_nan_ds(bad=5), batch_size=4), loss_func=F.mse_loss,
                 sync_every=2, default_hooks=False)
-    with pytest.raises(FloatingPointError, match=r"in epoch 1, batch 2 \(iteration 1\)"):
+    with pytest.raises(FloatingPointError, match=r"in epoch 1, batch 2 \(iteration 1, step 1, LR"):
         t.fit(1)
-    assert t.state.iteration == 2
+    assert (t.state.iteration, t.state.step) == (1, 1)
 
 
 def test_nan_loss_iteration_counts_across_fits():
     t = Trainer(small_model(), DataLoader(regression_ds(24), batch_size=4), loss_func=F.mse_loss, default_hooks=False)
     t.fit(1)
     t.train_dl = DataLoader(_nan_ds(), batch_size=4)
-    with pytest.raises(FloatingPointError, match=r"in epoch 2, batch 4 \(iteration 9\)"):
+    with pytest.raises(FloatingPointError, match=r"in epoch 2, batch 4 \(iteration 9,"):
         t.fit(1)
 
 
@@ -145,7 +146,7 @@ def test_nan_loss_names_its_batch_after_a_shortened_epoch():
     t.fit(1)
     assert t.state.iteration == 2
     t.train_dl = DataLoader(_nan_ds(), batch_size=4)
-    with pytest.raises(FloatingPointError, match=r"in epoch 2, batch 4 \(iteration 5\)"):
+    with pytest.raises(FloatingPointError, match=r"in epoch 2, batch 4 \(iteration 5,"):
         t.fit(1)
 
 
@@ -225,7 +226,7 @@ def test_metric_without_targets(make_trainer):
     (dict(grad_accum=2.0), ValueError, r"grad_accum must be an int >= 1"),
     (dict(lr=-1), ValueError, r"lr must be a positive number, got -1"),
     (dict(lr='1e-3'), ValueError, r"lr must be a positive number"),
-    (dict(nan_policy='ignore'), ValueError, r"nan_policy must be 'raise' or 'skip'"),
+    (dict(nan_policy='ignore'), ValueError, r"nan_policy must be 'raise', 'raise_grads' or 'skip'"),
     (dict(metrics=['accuracy']), TypeError, r"metrics must be callables"),
 ], ids=lambda v: None if isinstance(v, (dict, type, str)) else str(v))
 def test_bad_constructor_arguments(kw, exc, match):

@@ -52,3 +52,18 @@ def test_profiler_changes_nothing_in_training():
     a.fit(2)
     b.fit(2)
     assert torch.equal(flat(a.model), flat(b.model))
+
+
+def test_data_wait_hint_when_the_loader_sleeps_and_not_otherwise(capsys):
+    "A loader that sleeps 30 ms a batch (the workload here) makes the loop wait: one line says so, once per fit."
+    from trainer_nb.core import Trainer
+    from trainer_nb.hooks import Profiler
+    t = Trainer(small_model(), DataLoader(Slow(), batch_size=8), loss_func=F.mse_loss, hooks=[Profiler()],
+                default_hooks=False)
+    t.fit(2)
+    out = capsys.readouterr().out
+    assert out.count("Profiler: the loop waited for the data loader") == 1 and "num_workers=" in out
+    batches = list(DataLoader(regression_ds(), batch_size=8))   # collated beforehand: nothing to wait for
+    t = Trainer(small_model(), batches, loss_func=F.mse_loss, hooks=[Profiler()], default_hooks=False)
+    t.fit(2)
+    assert "Profiler" not in capsys.readouterr().out

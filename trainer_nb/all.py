@@ -22,6 +22,7 @@ from .metrics import *
 from .workflow import *
 from .trackers import *
 from .runs import *
+from .inside import *
 # a new module: add its `from trainer_nb.module import *` line above
 
 # %% ../nbs/09_all.ipynb #43572147

@@ -28,6 +28,7 @@ from .recorder import Recorder
 from .progress import Progress
 from .liveplot import LivePlot
 from .hooks import CompileTimer
+from .inside import NonFiniteError, NonFiniteOrigin, find_non_finite, grads_finite
 from .checkpoint import ResumePlan, checkpoint_hooks, close_runs, resume_plan
 from .lr_find import lr_find
 from .trackers import Trackers
@@ -61,7 +62,7 @@ class Trainer:
                  mixed_precision: str = 'no',  # 'no' | 'bf16' | 'fp16'
                  grad_accum: int = 1,  # batches per optimizer step (gradient accumulation)
                  max_grad_norm: float | None = None,  # clip the gradients' norm once per optimizer step
-                 nan_policy: str = 'raise',    # 'raise' | 'skip' (checks each loss: one host-device sync per batch)
+                 nan_policy: str = 'raise',    # 'raise' | 'raise_grads' | 'skip' (see "Non-finite losses")
                  sync_every: int = 100,         # batches between moving losses to the host
                  cpu: bool = False,   # train on the CPU even when an accelerator is there
                  log_with=None,       # experiment trackers: 'tensorboard', 'mlflow' or a list (see below)
@@ -216,11 +217,14 @@ class Trainer:
                     loss = self.loss
                 plain.pending.append(plain.keep(loss))
                 if self.nan_policy == 'skip': _skip_non_finite(self, loss)
+                elif plain.check and not math.isfinite(plain.pending[-1]): raise _non_finite_here(self, batch, 'loss')
                 if not self.manual:   # (a manual train_step has made its own backward passes and steps)
                     self.backward(loss if plain.items is None else plain.items.weigh(loss))
                     self._backward_done = True
                     if calls['after_backward']: calls.run('after_backward')
                     due = plain.every_batch or self.accelerator.sync_gradients
+                    if due and plain.grads and not grads_finite(plain.grads):
+                        raise _non_finite_here(self, batch, 'gradient')
                 if plain.lean: self.preds = self.out = None   # (not alive through the step: a lean step)
         except CancelBatch: _drop_batch(self)
         s.samples += batch_size(batch) if plain.one_process else _rows_everywhere(self.accelerator, batch_size(batch))
@@ -746,6 +750,10 @@ class _Plain:
         self.keep = torch.Tensor.item if acc.device.type == 'cpu' else torch.Tensor.detach   # (see `LossLog`)
         self.lean = not any(h.keep_preds for h in t.hooks)   # let go of the predictions after `after_backward`
         self.items = _ItemCount(t) if _counts_items(t) else None   # token-exact accumulation (see below)
+        self.check = (t.nan_policy != 'skip' and not t.manual and self.one_process   # (see "Non-finite losses")
+                      and (acc.device.type == 'cpu' or t.sync_every == 1))
+        grads = self.check and t.nan_policy == 'raise_grads' and acc.scaler is None   # (fp16: the scaler checks them)
+        self.grads = [p for p in t.model.parameters() if p.requires_grad] if grads else None
 
 def _named_opt(t, opt):
     "`(name, optimizer)` for `opt`: a name, one of `optimizers` (or what it wraps), or None for the first."
@@ -847,6 +855,35 @@ def _non_finite_error(t, bad: int) -> FloatingPointError:
         f"checked when they reach the host (every sync_every={t.sync_every} batches and at the end of each "
         "epoch): its backward pass ran, and the weights after that step may already be non-finite. Lower the LR, "
         "set max_grad_norm=, check the data, or pass nan_policy='skip' to skip such batches")
+
+_RERUN = " (the batch run again under module hooks, without the trainer's hooks)"
+
+def _non_finite_here(t, batch, what: str) -> NonFiniteError:
+    """The error for the batch in hand: its loss (before its backward pass) or its gradients (before the optimizer
+    step) not finite, with the module where that started (the batch re-run by `find_non_finite`, without hooks)."""
+    s, lr = t.state, max(g['lr'] for g in t.opt.param_groups)
+    kept, calls, t._calls = (t.preds, t.out, t.loss), t._calls, EventCalls()
+    try: origin = _weights_gone(t) or find_non_finite(t.unwrapped_model, lambda: t._forward(batch, train=True)[0],
+                                                      what == 'gradient')
+    finally: (t.preds, t.out, t.loss), t._calls = kept, calls
+    head = f"Non-finite loss ({float(t.losses.pending[-1])})" if what == 'loss' else "Non-finite gradients"
+    return NonFiniteError(
+        f"{head} in epoch {s.epoch + 1}, batch {s.batch + 1} (iteration {s.iteration}, step {s.step}, LR {lr:.3g}). "
+        f"{origin}{_RERUN if origin.kind != 'weights' else ''}. Found before its "
+        f"{'backward pass' if what == 'loss' else 'optimizer step'}: the weights and the optimizer are as they were "
+        "before this batch. Lower the LR, set max_grad_norm=, check the data, or pass nan_policy='skip' to skip "
+        "such batches", origin, epoch=s.epoch + 1, batch=s.batch + 1, iteration=s.iteration, step=s.step, lr=lr)
+
+def _weights_gone(t) -> NonFiniteOrigin | None:
+    "When parameters are not finite already (an earlier step made them so), the origin that says which ones."
+    bad = [n for n, m in t.unwrapped_model.named_modules() if any(not torch.isfinite(p).all()
+                                                                  for p in m.parameters(recurse=False))]
+    if not bad: return None
+    return NonFiniteOrigin('weights', bad[-1], None, (
+        f"The weights of {', '.join(f'`{n}`' for n in bad[:8])}{' ...' if len(bad) > 8 else ''} are not finite "
+        f"already: step {t.state.step} made them so, from non-finite gradients (or a non-finite update). "
+        "nan_policy='raise_grads' checks the gradients before each step and names the module whose backward pass "
+        "made them non-finite"))
 
 def _epoch_train_loss(t) -> float:
     "Mean training loss of the epoch's batches (skipped ones left out), averaged over processes."
@@ -1366,8 +1403,8 @@ def _check_args(model, mixed_precision, grad_accum, nan_policy, lr, metrics, opt
         raise ValueError(f"mixed_precision must be 'no', 'bf16' or 'fp16', got {mixed_precision!r}")
     if not (isinstance(grad_accum, int) and grad_accum >= 1):
         raise ValueError(f"grad_accum must be an int >= 1, got {grad_accum!r}")
-    if nan_policy not in ('raise', 'skip'):
-        raise ValueError(f"nan_policy must be 'raise' or 'skip', got {nan_policy!r}")
+    if nan_policy not in ('raise', 'raise_grads', 'skip'):
+        raise ValueError(f"nan_policy must be 'raise', 'raise_grads' or 'skip', got {nan_policy!r}")
     if lr is not None and not (isinstance(lr, (int, float)) and lr > 0):
         raise ValueError(f"lr must be a positive number, got {lr!r}")
     _check_metrics(_metric_items(_metric_list(metrics)))

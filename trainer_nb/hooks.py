@@ -7,7 +7,7 @@ from __future__ import annotations
 import contextlib, math, time
 
 # %% auto #0
-__all__ = ['EMA', 'Profiler', 'CompileTimer']
+__all__ = ['EMA', 'data_wait_hint', 'Profiler', 'CompileTimer']
 
 # %% ../nbs/13_hooks.ipynb #59e68019
 import torch
@@ -116,11 +116,20 @@ def _peak_memory(device) -> int:
     peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
     return peak if sys.platform == 'darwin' else peak * 1024   # (Linux reports kilobytes)
 
+def data_wait_hint(share: float) -> str:
+    "The line `Profiler` prints when the loop waits for data more than a quarter of the time."
+    return (f"Profiler: the loop waited for the data loader {share:.0%} of the epoch's training time. Try "
+            "DataLoader(num_workers=N, persistent_workers=True), pin_memory=True on a GPU, a larger batch size, or "
+            "lighter work in the dataset's __getitem__")
+
 class Profiler(Hook):
     "Per epoch: samples/s, mean step time, the share of time waiting for data, peak memory, into `epoch_results`."
     order = 1
 
-    def __init__(self): self.records = []
+    def __init__(self, hint_above: float = 0.25):
+        self.records, self.hint_above, self._hinted = [], hint_above, False
+
+    def before_fit(self): self._hinted = False
 
     def before_epoch(self):
         t = self.trainer
@@ -148,6 +157,9 @@ class Profiler(Hook):
                'peak_mem_mb': _peak_memory(t.device) / 2**20}
         self.records.append(rec)
         t.epoch_results.update(rec)
+        if rec['data_wait'] > self.hint_above and not self._hinted and t.is_main_process:
+            self._hinted = True   # (once per fit)
+            print(data_wait_hint(rec['data_wait']), flush=True)
 
     def state_dict(self) -> dict: return {'records': [dict(r) for r in self.records]}
     def load_state_dict(self, state: dict): self.records = [dict(r) for r in state['records']]

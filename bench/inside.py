@@ -1,0 +1,70 @@
+"""What looking inside costs a fit on the CPU: the non-finite checks of `nan_policy='raise'`, and `LayerStats`.
+
+Run: `.venv/bin/python bench/inside.py [--steps 400] [--reps 15] [--every 25 50 100]`. Two MLPs fed batches from a
+list (no DataLoader noise): the tiny one of `bench/overhead.py` (32-64-10, where fixed costs per step loom largest) and
+a wider one (784-512-512-10). Contenders run interleaved, each repetition starting at the next one; a line is
+`MODEL CONTENDER: median x (quartiles Q1-Q3, best/best B)`, the ratio of its steps/s to the reference's in the same
+repetition (the median over repetitions, and its quartiles), and B the ratio of the best steps/s of each.
+
+- `raise_grads`: the fit with `nan_policy='raise_grads'` (each loss checked before its backward pass, and the gradients
+  before each step) against the default `nan_policy='raise'` (the losses only, free on the CPU: the loop holds each
+  loss as a number already).
+- `LayerStats every=N`: the fit with the hook (sampling every N optimizer steps) against the same fit without it.
+"""
+import argparse, statistics, time, warnings
+import torch, torch.nn as nn, torch.nn.functional as F
+
+warnings.filterwarnings('ignore')
+torch.set_num_threads(1)   # (the fit's own speed, not the machine's other work, decides)
+
+MODELS = {'tiny': (32, (64,), 10, 64), 'wide': (784, (512, 512), 10, 64)}   # in, hidden, out, batch size
+
+def make(kind, steps):
+    d, hidden, out, bs = MODELS[kind]
+    g = torch.Generator().manual_seed(0)
+    distinct = [(torch.randn(bs, d, generator=g), torch.randint(0, out, (bs,), generator=g)) for _ in range(16)]
+    torch.manual_seed(0)
+    layers, w = [], d
+    for h in hidden: layers += [nn.Linear(w, h), nn.ReLU()]; w = h
+    return nn.Sequential(*layers, nn.Linear(w, out)), [distinct[i % 16] for i in range(steps)]
+
+def fit(kind, steps, every=None, nan_policy='raise'):
+    "Steps/s of a fit of `steps` steps, with `LayerStats(every=every)` unless None, under `nan_policy`."
+    from trainer_nb.core import Trainer
+    from trainer_nb.inside import LayerStats
+    model, batches = make(kind, steps)
+    hooks = [] if every is None else [LayerStats(every=every, report=False)]
+    tr = Trainer(model, batches, loss_func=F.cross_entropy, opt_func=torch.optim.SGD, lr=0.01, cpu=True,
+                 default_hooks=False, hooks=hooks, nan_policy=nan_policy)
+    t = time.perf_counter()
+    tr.fit(1)
+    return steps / (time.perf_counter() - t)
+
+def compare(kind, contenders, steps, reps):
+    "`{name: (median ratio, q1, q3, best ratio)}` against contender 'ref', run interleaved."
+    names = list(contenders)
+    for n in names: contenders[n](kind, 30)   # warm up
+    runs = {n: [] for n in names}
+    for r in range(reps):
+        for n in names[r % len(names):] + names[:r % len(names)]: runs[n].append(contenders[n](kind, steps))
+    out = {}
+    for n in names[1:]:
+        ratios = sorted(a / b for a, b in zip(runs[n], runs['ref']))
+        q = statistics.quantiles(ratios, n=4)
+        out[n] = (statistics.median(ratios), q[0], q[2], max(runs[n]) / max(runs['ref']))
+    return out
+
+def main():
+    ap = argparse.ArgumentParser()
+    ap.add_argument('--steps', type=int, default=400)
+    ap.add_argument('--reps', type=int, default=15)
+    ap.add_argument('--every', type=int, nargs='+', default=[50, 100, 200])
+    ap.add_argument('--models', nargs='+', default=list(MODELS), choices=list(MODELS))
+    a = ap.parse_args()
+    for kind in a.models:
+        c = {'ref': lambda k, s: fit(k, s), 'raise_grads': lambda k, s: fit(k, s, nan_policy='raise_grads')}
+        c.update({f'LayerStats every={e}': (lambda k, s, e=e: fit(k, s, every=e)) for e in a.every})
+        for n, (med, q1, q3, best) in compare(kind, c, a.steps, a.reps).items():
+            print(f"{kind} {n}: {med:.3f} x (quartiles {q1:.3f}-{q3:.3f}, best/best {best:.3f})", flush=True)
+
+if __name__ == '__main__': main()
