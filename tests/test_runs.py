@@ -3,6 +3,7 @@ process and in subprocesses (killed with SIGKILL and resumed; one waiting mid-fi
 200 runs."""
 import json
 import os
+import pickle
 import shutil
 import struct
 import subprocess
@@ -178,6 +179,9 @@ def test_200_runs(tmp_path, capsys):
     took = time.perf_counter() - t0
     assert len(df) == 200 and df.name.iloc[0] == 'r199' and df.name.iloc[-1] == 'r000'   # newest first
     assert list(df.columns[-2:]) == ['lr', 'path'] and set(df.lr) == {1, 0.1, 0.01, 0.001}
+    assert 'days' not in repr(df) and 'days' not in df._repr_html_()             # durations printed as m:ss
+    back = pickle.loads(pickle.dumps(df))
+    assert type(back) is type(df) and back.equals(df) and back.attrs == df.attrs == {'notes': []}
     t0 = time.perf_counter()
     with warnings.catch_warnings():
         warnings.simplefilter('error')
