@@ -64,7 +64,7 @@ def test_data_wait_hint_when_the_loader_sleeps_and_not_otherwise(capsys):
     t.fit(2)
     out = capsys.readouterr().out
     assert out.count("Profiler: the loop waited for the data loader") == 1 and "num_workers=" in out
-    batches = list(DataLoader(regression_ds(), batch_size=8))   # collated beforehand: nothing to wait for
+    batches = list(DataLoader(regression_ds(4000), batch_size=8))   # collated beforehand: nothing to wait for
     t = Trainer(small_model(), batches, loss_func=F.mse_loss, hooks=[Profiler()], default_hooks=False)
     t.fit(2)
     assert "Profiler" not in capsys.readouterr().out
@@ -84,11 +84,11 @@ def test_timing_splits_the_fit_and_names_the_data_wait(capsys):
     t.fit(1)   # 6 batches
     r = t.timing
     assert r['data_wait'] >= 6 * 0.03 and r['hooks']['Nap'] >= 6 * 0.01 and r['validation'] >= 6 * 0.03
-    assert set(r['hooks']) == {'Timing', 'Nap'} and min(r['train_step'], r['other']) >= 0
+    assert set(r['hooks']) == {'Nap'} and min(r['train_step'], r['other']) >= 0
     parts = r['data_wait'] + r['train_step'] + r['validation'] + sum(r['hooks'].values()) + r['other']
     assert abs(parts - r['wall']) < 1e-9
     assert capsys.readouterr().out.count("Timing: the loop waited for the data loader") == 1
-    batches = list(DataLoader(regression_ds(), batch_size=8))
+    batches = list(DataLoader(regression_ds(4000), batch_size=8))
     t = Trainer(small_model(), batches, loss_func=F.mse_loss, hooks=[Timing()], default_hooks=False)
     t.fit(2)
     assert "Timing" not in capsys.readouterr().out and t.timing['data_wait'] >= 0

@@ -98,9 +98,12 @@ def _timed(clock: dict, name: str, f):
 
 class EventCalls(dict):
     """`{event: ((hook name, bound method), ...)}`, bound once; `run` and `run_all` call an event's hooks. With `clock`
-    (a dict), each hook method is wrapped to add its time to `clock[hook name]` (the `Timing` hook asks for that)."""
+    (a dict), each hook method is wrapped to add its time to `clock[hook name]` (the `Timing` hook asks for that), but
+    those of a hook that is the clock itself (`untimed`)."""
     def __init__(self, hooks=(), main: bool = True, dev_run: bool = False, warn: bool = True, clock=None):
-        bind = (lambda h, e: getattr(h, e)) if clock is None else (lambda h, e: _timed(clock, h.name, getattr(h, e)))
+        def bind(h, e):
+            f = getattr(h, e)
+            return f if clock is None or getattr(h, 'untimed', False) else _timed(clock, h.name, f)
         super().__init__({e: tuple((h.name, bind(h, e)) for h in hooks_of(hooks, e)
                                    if (main or not h.main_process_only) and (h.in_dev_run or not dev_run))
                           for e in EVENTS})

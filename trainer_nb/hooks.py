@@ -168,6 +168,7 @@ class Profiler(Hook):
 class Timing(Hook):
     "Where a fit's wall time goes (see above): `report()`, or `trainer.timing`."
     order = -10**6   # first at every event: its marks bound the other hooks' work, which it takes out
+    untimed = True   # (its own few microseconds a call stay in the parts its marks bound)
 
     def __init__(self, hint_above: float = 0.25):
         self.by_hook, self.hint_above, self.totals, self._t0 = {}, hint_above, {}, None
