@@ -9,6 +9,8 @@ repetition (the median over repetitions, and its quartiles), and B the ratio of 
 - `raise_grads`: the fit with `nan_policy='raise_grads'` (each loss checked before its backward pass, and the gradients
   before each step) against the default `nan_policy='raise'` (the losses only, free on the CPU: the loop holds each
   loss as a number already).
+- `Timing`: the fit with the `Timing` hook (its own hook calls, and every hook's methods timed) against the same fit
+  without it.
 - `LayerStats every=N`: the fit with the hook (sampling every N optimizer steps) against the same fit without it.
 """
 import argparse, statistics, time, warnings
@@ -28,12 +30,13 @@ def make(kind, steps):
     for h in hidden: layers += [nn.Linear(w, h), nn.ReLU()]; w = h
     return nn.Sequential(*layers, nn.Linear(w, out)), [distinct[i % 16] for i in range(steps)]
 
-def fit(kind, steps, every=None, nan_policy='raise'):
-    "Steps/s of a fit of `steps` steps, with `LayerStats(every=every)` unless None, under `nan_policy`."
+def fit(kind, steps, every=None, nan_policy='raise', timing=False):
+    "Steps/s of a fit of `steps` steps, with `LayerStats(every=every)` unless None, under `nan_policy`, timed or not."
     from trainer_nb.core import Trainer
+    from trainer_nb.hooks import Timing
     from trainer_nb.inside import LayerStats
     model, batches = make(kind, steps)
-    hooks = [] if every is None else [LayerStats(every=every, report=False)]
+    hooks = ([] if every is None else [LayerStats(every=every, report=False)]) + ([Timing()] if timing else [])
     tr = Trainer(model, batches, loss_func=F.cross_entropy, opt_func=torch.optim.SGD, lr=0.01, cpu=True,
                  default_hooks=False, hooks=hooks, nan_policy=nan_policy)
     t = time.perf_counter()
@@ -62,7 +65,8 @@ def main():
     ap.add_argument('--models', nargs='+', default=list(MODELS), choices=list(MODELS))
     a = ap.parse_args()
     for kind in a.models:
-        c = {'ref': lambda k, s: fit(k, s), 'raise_grads': lambda k, s: fit(k, s, nan_policy='raise_grads')}
+        c = {'ref': lambda k, s: fit(k, s), 'raise_grads': lambda k, s: fit(k, s, nan_policy='raise_grads'),
+             'Timing': lambda k, s: fit(k, s, timing=True)}
         c.update({f'LayerStats every={e}': (lambda k, s, e=e: fit(k, s, every=e)) for e in a.every})
         for n, (med, q1, q3, best) in compare(kind, c, a.steps, a.reps).items():
             print(f"{kind} {n}: {med:.3f} x (quartiles {q1:.3f}-{q3:.3f}, best/best {best:.3f})", flush=True)

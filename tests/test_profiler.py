@@ -9,6 +9,7 @@ import torch.nn.functional as F
 from torch.utils.data import DataLoader, Dataset
 
 from conftest import flat, regression_ds, small_model
+from trainer_nb.base import Hook
 
 pytestmark = pytest.mark.usefixtures('fresh_accelerate')
 
@@ -63,7 +64,42 @@ def test_data_wait_hint_when_the_loader_sleeps_and_not_otherwise(capsys):
     t.fit(2)
     out = capsys.readouterr().out
     assert out.count("Profiler: the loop waited for the data loader") == 1 and "num_workers=" in out
-    batches = list(DataLoader(regression_ds(), batch_size=8))   # collated beforehand: nothing to wait for
+    batches = list(DataLoader(regression_ds(4000), batch_size=8))   # collated beforehand: nothing to wait for
     t = Trainer(small_model(), batches, loss_func=F.mse_loss, hooks=[Profiler()], default_hooks=False)
     t.fit(2)
     assert "Profiler" not in capsys.readouterr().out
+
+
+class Nap(Hook):
+    "A hook whose after_batch sleeps 10 ms (its workload)."
+    def after_batch(self): time.sleep(0.01)
+
+
+def test_timing_splits_the_fit_and_names_the_data_wait(capsys):
+    "A loader sleeping 30 ms a batch and a hook sleeping 10 ms: each lands where it belongs; the parts add to the wall."
+    from trainer_nb.core import Trainer
+    from trainer_nb.hooks import Timing
+    t = Trainer(small_model(), DataLoader(Slow(), batch_size=8), DataLoader(Slow(), batch_size=8),
+                loss_func=F.mse_loss, hooks=[Timing(), Nap()], default_hooks=False)
+    t.fit(1)   # 6 batches
+    r = t.timing
+    assert r['data_wait'] >= 6 * 0.03 and r['hooks']['Nap'] >= 6 * 0.01 and r['validation'] >= 6 * 0.03
+    assert set(r['hooks']) == {'Nap'} and min(r['train_step'], r['other']) >= 0
+    parts = r['data_wait'] + r['train_step'] + r['validation'] + sum(r['hooks'].values()) + r['other']
+    assert abs(parts - r['wall']) < 1e-9
+    assert capsys.readouterr().out.count("Timing: the loop waited for the data loader") == 1
+    batches = list(DataLoader(regression_ds(4000), batch_size=8))
+    t = Trainer(small_model(), batches, loss_func=F.mse_loss, hooks=[Timing()], default_hooks=False)
+    t.fit(2)
+    assert "Timing" not in capsys.readouterr().out and t.timing['data_wait'] >= 0
+
+
+def test_no_timing_no_clocked_hooks():
+    "Without a Timing hook the trainer binds the hooks' own methods (nothing wraps them)."
+    from trainer_nb.core import Trainer
+    t = Trainer(small_model(), DataLoader(regression_ds(), batch_size=8), loss_func=F.mse_loss, hooks=[Nap()],
+                default_hooks=False)
+    t.fit(1)
+    (name, f), = t._calls['after_batch']
+    assert name == 'Nap' and f.__self__ is t.hooks[0]
+    with pytest.raises(LookupError, match="No hooks of type Timing"): t.timing

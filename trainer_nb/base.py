@@ -4,7 +4,7 @@
 
 # %% ../nbs/00_base.ipynb #76a55cf9
 from __future__ import annotations
-import base64, copy, difflib, math, random, warnings
+import base64, copy, difflib, math, random, time, warnings
 from collections.abc import Mapping
 from dataclasses import dataclass, asdict
 
@@ -89,10 +89,23 @@ def hooks_of(hooks, event) -> list:
     "The hooks among `hooks` that have a method for `event`, in order."
     return [h for h in hooks if callable(getattr(h, event, None))]
 
+def _timed(clock: dict, name: str, f):
+    "`f`, adding the seconds each call takes to `clock[name]`."
+    def timed():
+        t0 = time.perf_counter()
+        try: f()
+        finally: clock[name] = clock.get(name, 0.) + time.perf_counter() - t0
+    return timed
+
 class EventCalls(dict):
-    "`{event: ((hook name, bound method), ...)}`, bound once; `run` and `run_all` call an event's hooks."
-    def __init__(self, hooks=(), main: bool = True, dev_run: bool = False, warn: bool = True):
-        super().__init__({e: tuple((h.name, getattr(h, e)) for h in hooks_of(hooks, e)
+    """`{event: ((hook name, bound method), ...)}`, bound once; `run` and `run_all` call an event's hooks. With `clock`
+    (a dict), each hook method is wrapped to add its time to `clock[hook name]` (the `Timing` hook asks for that), but
+    those of a hook that is the clock itself (`untimed`)."""
+    def __init__(self, hooks=(), main: bool = True, dev_run: bool = False, warn: bool = True, clock=None):
+        def bind(h, e):
+            f = getattr(h, e)
+            return f if clock is None or getattr(h, 'untimed', False) else _timed(clock, h.name, f)
+        super().__init__({e: tuple((h.name, bind(h, e)) for h in hooks_of(hooks, e)
                                    if (main or not h.main_process_only) and (h.in_dev_run or not dev_run))
                           for e in EVENTS})
         for h in hooks if warn else ():

@@ -27,7 +27,7 @@ from .schedule import one_cycle, cosine, constant
 from .recorder import Recorder
 from .progress import Progress
 from .liveplot import LivePlot
-from .hooks import CompileTimer
+from .hooks import CompileTimer, Timing
 from .inside import NonFiniteError, NonFiniteOrigin, find_non_finite, grads_finite
 from .checkpoint import ResumePlan, checkpoint_hooks, close_runs, resume_plan
 from .lr_find import lr_find
@@ -122,7 +122,7 @@ class Trainer:
         s.n_batches = has_len(dl) or 0
         s.epochs, s.max_step = _fit_end(self, epochs, max_steps)
         self.schedulers = _make_schedulers(self, epochs, max_steps)
-        self._calls = EventCalls(self.hooks, self.is_main_process, self.dev_run)
+        self._calls = EventCalls(self.hooks, self.is_main_process, self.dev_run, clock=_hook_clock(self))
         self._plain = _Plain(self)   # (see "The step" below)
         self._eval_every = eval_every
         self.resumed = start = None
@@ -535,6 +535,11 @@ class Trainer:
         metrics = [n for item in _metric_items(self.metrics) for n in _result_names(*item)] if valid else []
         return ['epoch', 'train_loss', *(['valid_loss', *metrics] if valid else []), *self.logged, 'time']
 
+    @property
+    def timing(self) -> dict:
+        "Where the current (or last) fit's wall time went, in seconds, as the `Timing` hook (add one) measures it."
+        return self.get_hook(Timing).report()
+
     # ---- the features, one line each ----
     def fit_one_cycle(self,
                       epochs: int | None = None,  # epochs to train (the cycle spans them)
@@ -884,6 +889,10 @@ def _weights_gone(t) -> NonFiniteOrigin | None:
         f"already: step {t.state.step} made them so, from non-finite gradients (or a non-finite update). "
         "nan_policy='raise_grads' checks the gradients before each step and names the module whose backward pass "
         "made them non-finite"))
+
+def _hook_clock(t) -> dict | None:
+    "Where a `Timing` hook wants each hook's time added (None: no hook is timed)."
+    return next((h.by_hook for h in t.hooks if isinstance(h, Timing)), None)
 
 def _epoch_train_loss(t) -> float:
     "Mean training loss of the epoch's batches (skipped ones left out), averaged over processes."

@@ -7,7 +7,7 @@ from __future__ import annotations
 import contextlib, math, time
 
 # %% auto #0
-__all__ = ['EMA', 'data_wait_hint', 'Profiler', 'CompileTimer']
+__all__ = ['EMA', 'data_wait_hint', 'Profiler', 'Timing', 'CompileTimer']
 
 # %% ../nbs/13_hooks.ipynb #59e68019
 import torch
@@ -116,9 +116,9 @@ def _peak_memory(device) -> int:
     peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
     return peak if sys.platform == 'darwin' else peak * 1024   # (Linux reports kilobytes)
 
-def data_wait_hint(share: float) -> str:
-    "The line `Profiler` prints when the loop waits for data more than a quarter of the time."
-    return (f"Profiler: the loop waited for the data loader {share:.0%} of the epoch's training time. Try "
+def data_wait_hint(share: float, who: str = 'Profiler', of: str = "the epoch's training time") -> str:
+    "The line `Profiler` (and `Timing`) prints when the loop waits for data more than a quarter of the time."
+    return (f"{who}: the loop waited for the data loader {share:.0%} of {of}. Try "
             "DataLoader(num_workers=N, persistent_workers=True), pin_memory=True on a GPU, a larger batch size, or "
             "lighter work in the dataset's __getitem__")
 
@@ -163,6 +163,47 @@ class Profiler(Hook):
 
     def state_dict(self) -> dict: return {'records': [dict(r) for r in self.records]}
     def load_state_dict(self, state: dict): self.records = [dict(r) for r in state['records']]
+
+# %% ../nbs/13_hooks.ipynb #13a3bf0f
+class Timing(Hook):
+    "Where a fit's wall time goes (see above): `report()`, or `trainer.timing`."
+    order = -10**6   # first at every event: its marks bound the other hooks' work, which it takes out
+    untimed = True   # (its own few microseconds a call stay in the parts its marks bound)
+
+    def __init__(self, hint_above: float = 0.25):
+        self.by_hook, self.hint_above, self.totals, self._t0 = {}, hint_above, {}, None
+
+    def _add(self, k: str):
+        "Add the seconds since the last mark, less the hooks' time in them, to total `k`; move the mark."
+        now, h = time.perf_counter(), sum(self.by_hook.values())
+        self.totals[k] += now - self._mark - (h - self._h)
+        self._mark, self._h = now, h
+
+    def before_fit(self):
+        self.by_hook.clear()
+        self.totals = dict.fromkeys(('data_wait', 'train_step', 'validation', 'other'), 0.)
+        self._t0 = self._mark = time.perf_counter()
+        self._h = 0.
+    def before_epoch(self): self._add('other')
+    def before_batch(self): self._add('data_wait')
+    def after_batch(self): self._add('train_step')
+    def before_valid(self): self._add('other')
+    def after_valid(self): self._add('validation')
+
+    def after_fit(self):
+        self._add('other')
+        r = self.report()
+        if r['wall'] and r['data_wait'] / r['wall'] > self.hint_above and self.trainer.is_main_process:
+            print(data_wait_hint(r['data_wait'] / r['wall'], 'Timing', "the fit's time"), flush=True)
+
+    def report(self) -> dict:
+        "`{'wall', 'data_wait', 'train_step', 'validation', 'hooks': {hook: seconds}, 'other'}` so far, in seconds."
+        if self._t0 is None: return {}
+        t, hooks = self.totals, dict(self.by_hook)
+        wall = (time.perf_counter() if self.trainer is not None and self.trainer.fitting else self._mark) - self._t0
+        other = wall - t['data_wait'] - t['train_step'] - t['validation'] - sum(hooks.values())
+        return {'wall': wall, 'data_wait': t['data_wait'], 'train_step': t['train_step'],
+                'validation': t['validation'], 'hooks': hooks, 'other': other}
 
 # %% ../nbs/13_hooks.ipynb #6e101d02
 class CompileTimer(Hook):
