@@ -1352,7 +1352,14 @@ def _hook_table(t):
         keys = dict(t.hook_keys())
         ran = {e: ', '.join(k for k in keys if (k, e) in t.dev_run_calls) or '-' for e in EVENTS}
         df['ran in fast_dev_run'] = [ran.get(e, '-') for e in df.index]
-    return df
+
+    class HookTable(pd.DataFrame):
+        "The table printed whole: pandas would cut a cell of more than 50 characters (four default hooks) to '...'."
+        def __repr__(self):
+            with pd.option_context('display.max_colwidth', None, 'display.width', 0): return super().__repr__()
+        def _repr_html_(self):
+            with pd.option_context('display.max_colwidth', None): return super()._repr_html_()
+    return HookTable(df)
 
 def _load_hook_states(t, saved: dict):
     main = t.is_main_process
