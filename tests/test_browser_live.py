@@ -158,3 +158,43 @@ def test_live_plot_keeps_up_on_a_busy_machine(tmp_path, app):
     # the narrow picture is drawn for about its width there: its 11 px labels stay at 10 px or more
     assert picture[420]['shown'] >= 0.9 * picture[420]['natural'] / 2, picture
     assert picture[420]['doc'] <= 420, picture
+
+
+BASELINE = """\
+from trainer_nb.liveplot import LivePlot
+def model(): torch.manual_seed(0); return nn.Sequential(nn.Linear(8, 64), nn.ReLU(), nn.Linear(64, 1))
+Trainer(model(), dl, vdl, loss_func=F.mse_loss, metrics=[mae], cpu=True).fit_one_cycle(3, 1e-3)   # the baseline
+tr = Trainer(model(), dl, vdl, loss_func=F.mse_loss, metrics=[mae], hooks=[Pace()], cpu=True)
+tr.remove_hooks(LivePlot).add_hooks(LivePlot(compare='last'))
+tr.fit_one_cycle(4, 1e-2)"""
+
+
+@needs_browser
+def test_live_baseline_is_drawn_under_the_fit(tmp_path):
+    """`LivePlot(compare='last')` in JupyterLab: the widget is sent the last fit's curves (its label on the page) and
+    draws them from the first frame on, side by side at 1400 px, one panel under another at 420 px, no sideways
+    scroll; the picture left behind holds them too."""
+    root, shots = tmp_path / 'root', {}
+    with lab_server(tmp_path) as server:
+        write_notebook(root / 'run.ipynb', [SETUP, BASELINE, DONE])
+        with notebook_page(server, 'run.ipynb', viewport=(1400, 1000)) as page:
+            page.evaluate("() => window.jupyterapp.shell.collapseLeft()")
+            run_all_cells(page)
+            page.wait_for_function("() => [...document.querySelectorAll('.trainer-nb-liveplot')].some(e => "
+                                   "e.dataset.baseline && +e.dataset.step >= 300)", timeout=180_000)
+            live = {1400: page.evaluate(JS_LIVE)}
+            label = page.evaluate("() => [...document.querySelectorAll('.trainer-nb-liveplot')].at(-1).dataset.baseline")
+            shots[1400] = tmp_path / 'baseline_1400.png'
+            page.locator('.trainer-nb-liveplot').last.screenshot(path=str(shots[1400]))
+            at_width(page, 420)
+            live[420] = page.evaluate(JS_LIVE)
+            shots[420] = tmp_path / 'baseline_420.png'
+            page.locator('.trainer-nb-liveplot').last.screenshot(path=str(shots[420]))
+            at_width(page, 1400)
+            wait_for_text(page, 'ALL DONE', timeout=300)
+            page.wait_for_function(f"({JS_PICTURE}) !== null", timeout=60_000)
+            outs = output_texts(page)
+    print(f"\nscreenshots {shots}")
+    assert 'ALL DONE 800' in outs[-1], outs
+    assert label.startswith('baseline: fit-'), label
+    assert live[1400]['layout'] == 'row' and live[420]['layout'] == 'column' and live[420]['doc'] <= 420, live

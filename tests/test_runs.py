@@ -208,3 +208,34 @@ def test_the_figure_stays_in_a_saved_notebook(tmp_path):
     pic = html[html.index('<picture class="trainer-nb-curves">'):]
     pic = pic[:pic.index('</picture>')]
     assert pic.count('data:image/png;base64,') == 2 and 'media="(max-width: 700px)"' in pic
+
+
+def test_live_plot_draws_a_baseline_under_the_fit(tmp_path):
+    """`LivePlot(compare='last')`: the frames carry the last fit's curves (its smoothed loss over its own steps, its
+    validations), the picture left behind draws them; a resumed fit keeps its baseline; a run that is not there is
+    refused when the fit starts, naming it."""
+    from trainer_nb.base import smooth
+    from trainer_nb.liveplot import LivePlot, draw_curves
+    first = trainer(lr=0.01)
+    first.fit(2)
+    base = first.get_hook(RunRecorder).record
+    class StopAt(Hook):
+        def after_step(self):
+            if self.trainer.state.step == 9: self.trainer.stop()
+    plot = LivePlot(mode='text', path=tmp_path / 'curves.png', metrics=False, compare='last')
+    second = trainer([plot, StopAt()], lr=0.05)
+    with pytest.raises(KeyboardInterrupt):
+        second.fit(3)
+    fr = plot.frame()
+    s = fr['series']
+    assert fr['baseline'] == f"baseline: {base['name']}" and list(s['base_step']) == base['series']['step']
+    assert s['base_smooth'] == pytest.approx(smooth(base['series']['loss'], plot._beta(), steps=s['base_step']))
+    assert list(s['base_valid_step']) == [6, 12]
+    assert list(s['base_valid_loss']) == [e['valid_loss'] for e in base['epochs']]
+    assert draw_curves(fr) != draw_curves({**fr, 'baseline': None})   # the picture draws it
+    second.resume()   # the fit before it is now `second` itself: the baseline stays the one it started with
+    fr = plot.frame()
+    assert fr['baseline'] == f"baseline: {base['name']}" and list(fr['series']['base_step']) == base['series']['step']
+    assert png_size(tmp_path / 'curves.png')[0] > 0
+    with pytest.raises(ValueError, match='no-such-run'):
+        trainer([LivePlot(mode='text', path=tmp_path / 'x.png', compare='no-such-run')]).fit(1)

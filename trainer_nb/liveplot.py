@@ -4,16 +4,17 @@
 
 # %% ../nbs/04_liveplot.ipynb #2d95479c
 from __future__ import annotations
-import base64, functools, io, math, sys, threading, time, warnings
+import functools, io, math, sys, threading, time, warnings
 
 # %% auto #0
-__all__ = ['LOG_SPAN', 'pack', 'PlotView', 'tick_label', 'draw_curves', 'static_bundle', 'LivePlot']
+__all__ = ['LOG_SPAN', 'pack', 'PlotView', 'draw_curves', 'baseline_series', 'LivePlot']
 
 # %% ../nbs/04_liveplot.ipynb #892d2db3
 import numpy as np
 from .base import MainProcessHook, TrainerWarning, name_of, smooth
 from .progress import VIEWS, auto_beta, display_handle, open_view, resolve_mode
-from .recorder import Binned, Recorder
+from .recorder import Binned, Recorder, static_bundle, tick_label
+from .runs import find_run
 
 # %% ../nbs/04_liveplot.ipynb #40f59cc0
 LOG_SPAN = 10   # with `log_loss=None`, a loss axis turns logarithmic once its curves span this factor
@@ -127,7 +128,7 @@ function drawPanel(ctx, box, p, px) {   // one panel `p` in `box` (CSS pixels); 
   for (const s of p.series) {
     ctx.strokeStyle = ctx.fillStyle = s.color;
     ctx.globalAlpha = s.alpha || 1;
-    ctx.lineWidth = s.width || 1.6;
+    ctx.lineWidth = s.width || 1.6; ctx.setLineDash(s.dash || []);
     ctx.beginPath();
     let pen = false;
     for (let i = 0; i < s.y.length; i++) {
@@ -156,9 +157,9 @@ function drawPanel(ctx, box, p, px) {   // one panel `p` in `box` (CSS pixels); 
     named.forEach((s, i) => {
       const yy = y + 2 + lh * (i + 0.5);
       ctx.strokeStyle = ctx.fillStyle = s.color;
-      ctx.lineWidth = 2;
+      ctx.lineWidth = 2; ctx.setLineDash(s.dash || []);
       ctx.beginPath(); ctx.moveTo(x + 4, yy); ctx.lineTo(x + 22, yy); ctx.stroke();
-      ctx.fillStyle = '#222';
+      ctx.setLineDash([]); ctx.fillStyle = '#222';
       ctx.fillText(s.label, x + 26, yy);
     });
   }
@@ -186,6 +187,16 @@ function panels(spec, d, lims) {   // what each panel shows, its axis limits kep
     series: metrics.map((m, i) => ({x: d['step:' + m], y: d[m], color: COLORS[3 + i % 5], width: 1.4, dots: true,
                                     label: m}))});
   const shown = {loss: [d.smooth, d.valid_loss], 'learning rate': [d.lr]};
+  if (spec.baseline) {   // a run drawn faint and dashed under the fit's own curves, in their colours
+    const faint = (x, y, color, more) => ({x, y, color, alpha: 0.5, width: 1.3, dash: [5, 3], ...more});
+    loss.series.unshift(faint(d.base_step, d.base_smooth, COLORS[0], {label: spec.baseline}),
+                        faint(d.base_valid_step, d.base_valid_loss, COLORS[1], {dots: true}));
+    lr.series.unshift(faint(d.base_step, d.base_lr, COLORS[2]));
+    if (metrics.length) ps[2].series.unshift(...metrics.map((m, i) =>
+      faint(d['base_step:' + m], d['base:' + m], COLORS[3 + i % 5], {dots: true})));
+    shown.loss.push(d.base_smooth, d.base_valid_loss);
+    shown['learning rate'].push(d.base_lr);
+  }
   const end = Math.max(spec.x[1] || 0, last), prev = lims.x;   // x: the fit's steps, from its first to its last
   lims.x = prev && prev[0] === spec.x[0] && end <= prev[1] ? prev
     : [spec.x[0], spec.x[1] >= last ? spec.x[1] : spec.x[0] + Math.max(last - spec.x[0], 1) * 1.25];
@@ -223,7 +234,7 @@ function render({model, el}) {
     frames += 1;
     root.dataset.frames = frames;   // what the page shows: the frames drawn and the last step in them
     root.dataset.step = spec.step;
-    root.dataset.layout = row ? 'row' : 'column';
+    root.dataset.layout = row ? 'row' : 'column'; root.dataset.baseline = spec.baseline || '';
   };
   const soon = () => { if (!pending) { pending = true; requestAnimationFrame(draw); } };
   model.on('change:data', soon);
@@ -290,18 +301,20 @@ def _panels(frame: dict) -> list[tuple]:
                                                                            label='valid'))],
             (s['smooth'], s['valid_loss']))
     lr = ('learning rate', False, [(s['step'], s['lr'], dict(color='C2', lw=1.6))], (s['lr'],))
-    if not names: return [loss, lr]
     ms = [(s['step:' + n], s[n], dict(color=f'C{3 + i % 5}', lw=1.4, marker='o', ms=4, label=n))
           for i, n in enumerate(names)]
-    return [loss, lr, (names[0] if len(names) == 1 else 'metrics', False, ms, tuple(m[1] for m in ms))]
-
-def tick_label(v: float) -> str:
-    "A tick's label, as the live view writes it: short, in exponent form for small and large numbers (2e-3)."
-    if v == 0: return '0'
-    if abs(v) < 1e-3 or abs(v) >= 1e5:
-        m, e = f"{v:e}".split('e')
-        return f"{float(m):.3g}e{int(e)}"
-    return f"{v:.6g}"
+    ps = [loss, lr, (names[0] if len(names) == 1 else 'metrics', False, ms, tuple(m[1] for m in ms))]
+    if not names: ps = ps[:2]
+    if frame.get('baseline'):   # faint and dashed, under the fit's own curves
+        faint = lambda color, **kw: dict(color=color, alpha=0.5, lw=1.3, ls='--', **kw)
+        lines = [[(s['base_step'], s['base_smooth'], faint('C0', label=frame['baseline'])),
+                  (s['base_valid_step'], s['base_valid_loss'], faint('C1', marker='o', ms=3))],
+                 [(s['base_step'], s['base_lr'], faint('C2'))],
+                 [(s['base_step:' + n], s['base:' + n], faint(f'C{3 + i % 5}', marker='o', ms=3))
+                  for i, n in enumerate(names)]]
+        shown = [(s['base_smooth'], s['base_valid_loss']), (s['base_lr'],), tuple(s['base:' + n] for n in names)]
+        ps = [(title, log, extra + ls, sh + more) for (title, log, ls, sh), extra, more in zip(ps, lines, shown)]
+    return ps
 
 # %% ../nbs/04_liveplot.ipynb #f0634833
 def draw_curves(frame: dict, column: bool = False, width: float = 8.6, dpi: int = 100, scale: float = 2) -> bytes:
@@ -337,16 +350,6 @@ def draw_curves(frame: dict, column: bool = False, width: float = 8.6, dpi: int 
     fig.savefig(buf, format='png')
     return buf.getvalue()
 
-def static_bundle(wide: bytes, narrow: bytes | None = None, width: int = 860) -> tuple[dict, dict]:
-    """What the live view leaves in the cell: the picture `wide` (and `narrow`, taken on screens up to 700 CSS pixels
-    wide) as HTML, with the PNG alone for what shows no HTML. Returns `(data, metadata)` of a display."""
-    def uri(png: bytes) -> str: return 'data:image/png;base64,' + base64.b64encode(png).decode()
-    src = f'<source media="(max-width: 700px)" srcset="{uri(narrow)}">' if narrow else ''
-    html = (f'<picture class="trainer-nb-curves">{src}<img src="{uri(wide)}" alt="training curves" '
-            f'style="width:{width}px;max-width:100%;height:auto"></picture>')
-    return ({'text/html': html, 'image/png': base64.b64encode(wide).decode(), 'text/plain': '<training curves>'},
-            {'image/png': {'width': width}})
-
 # %% ../nbs/04_liveplot.ipynb #0062030c
 _DRAWING = set()   # threads drawing the picture a fit leaves behind, started by the cell that runs now
 
@@ -363,6 +366,23 @@ def _in_kernel_cell() -> bool:
         shell.events.register('post_run_cell', _wait_for_pictures)
     return True
 
+# %% ../nbs/04_liveplot.ipynb #39fc4b34
+def baseline_series(rec: dict, beta: float, metrics=()) -> dict:
+    """The curves of a run's record (`trainer_nb.runs`) as `LivePlot` draws a baseline: `base_step`, `base_smooth` (its
+    loss smoothed with `beta`), `base_lr`, `base_valid_step`/`base_valid_loss` and `base_step:<m>`/`base:<m>` per
+    metric (from its epochs and the validations inside them)."""
+    ser, f = rec.get('series') or {}, lambda xs: np.array([np.nan if v is None else v for v in xs], dtype=float)
+    step, loss = f(ser.get('step', [])), f(ser.get('loss', []))
+    done = sorted([*rec.get('epochs', []), *rec.get('evals', [])], key=lambda e: e.get('step', 0))
+    def per_eval(key):
+        pts = [(e['step'], e[key]) for e in done if isinstance(e.get(key), (int, float)) and 'step' in e]
+        return f([p for p, _ in pts]), f([v for _, v in pts])
+    out = {'base_step': step, 'base_smooth': smooth(loss, beta, steps=step) if len(loss) else loss,
+           'base_lr': f(ser.get('lr', []))}
+    out['base_valid_step'], out['base_valid_loss'] = per_eval('valid_loss')
+    for n in metrics: out['base_step:' + n], out['base:' + n] = per_eval(n)
+    return out
+
 # %% ../nbs/04_liveplot.ipynb #6b6f7a97
 class _Frames:
     "What `LivePlot` shows: a frame of the recorded curves, sent to the view."
@@ -375,8 +395,16 @@ class _Frames:
         s = {'step': step, 'loss': a['loss'], 'smooth': sm, 'lr': a['lr'], 'valid_step': a['valid_step'],
              'valid_loss': a['valid_loss']}
         for n in self.metric_names: s['step:' + n], s[n] = self.rec.per_epoch(n)
-        return {'series': s, 'metrics': list(self.metric_names), 'log': self._log_axis(sm, a['valid_loss']),
-                'x': [self._x_start, self._x_end], 'step': int(self.trainer.state.step)}
+        frame = {'series': s, 'metrics': list(self.metric_names), 'log': self._log_axis(sm, a['valid_loss']),
+                 'x': [self._x_start, self._x_end], 'step': int(self.trainer.state.step)}
+        if self._base is not None: frame['baseline'] = self._base[0]
+        return frame if self._base is None else {**frame, 'series': {**s, **self._base[1]}}
+
+    def _baseline(self) -> tuple[str, dict] | None:
+        "`(label, series)` of the run `compare` names, smoothed as the fit's own curves (None: no `compare`)."
+        if self.compare is None: return None
+        rec = find_run(self.compare)
+        return f"baseline: {rec.get('name') or '?'}", baseline_series(rec, self._beta(), self.metric_names)
 
     def _log_axis(self, *curves) -> bool:
         "A log loss axis? `log_loss`, or when None: from the first time the curves span a factor of `LOG_SPAN` on."
@@ -473,7 +501,8 @@ class LivePlot(_Frames, _Picture, MainProcessHook):
                  metrics=True,      # the metric panel: True for all the trainer's metrics, a list of names, or False
                  figsize=None,      # in inches; default (8.6, 2.9)
                  dpi: int = 100,    # CSS pixels per inch: the size the plot shows at
-                 scale: float = 2): # pixels of the PNG per CSS pixel (2: sharp on high-density screens)
+                 scale: float = 2,  # pixels of the PNG per CSS pixel (2: sharp on high-density screens)
+                 compare=None):     # a run drawn under the fit's curves: 'last', a run's dir or name (`find_run`)
         resolve_mode(mode)
         if not every >= 0: raise ValueError(f"every must be >= 0 seconds, got {every!r}")
         if max_points < 2: raise ValueError(f"max_points must be >= 2, got {max_points!r}")
@@ -483,7 +512,7 @@ class LivePlot(_Frames, _Picture, MainProcessHook):
         self.beta, self.metrics, self.figsize, self.dpi, self.scale = beta, metrics, figsize, dpi, scale
         self.active, self.rec, self._bins, self.view, self._png, self._drawing = None, None, None, None, None, None
         self.draw_time, self.n_draws, self.picture_time, self.metric_names, self._auto_log = 0.0, 0, 0.0, [], False
-        self._shown = None   # where the fit was at the last frame sent (`_now`)
+        self._shown, self.compare, self._base = None, compare, None   # (`_shown`: where the last frame sent was)
 
     def before_fit(self):
         self.wait()   # the last fit's picture
@@ -504,6 +533,7 @@ class LivePlot(_Frames, _Picture, MainProcessHook):
         done = tr.resumed.batch if tr.resumed is not None and not tr.resumed.stopped else 0
         end = st.step + (st.epochs - st.epoch) * tr.steps_per_epoch - done // tr.grad_accum
         self._x_start, self._x_end = st.step + 1, min(end, st.max_step) if st.max_step else end
+        if tr.resumed is None or self._base is None: self._base = self._baseline()   # 'last': the fit before this one
         if self.active == 'widget':
             w, h = self.css_figsize()
             self.view = open_view('liveplot', round(w * self.dpi), round(h * self.dpi))

@@ -4,10 +4,10 @@
 
 # %% ../nbs/01_recorder.ipynb #7054e7d2
 from __future__ import annotations
-import functools, math
+import base64, functools, math
 
 # %% auto #0
-__all__ = ['new_figure', 'Recorder', 'Binned']
+__all__ = ['new_figure', 'tick_label', 'static_bundle', 'Recorder', 'Binned']
 
 # %% ../nbs/01_recorder.ipynb #b6e98ae6
 import numpy as np
@@ -113,6 +113,25 @@ def _nothing_to_draw(ax, note: str):
     ax.text(0.5, 0.5, note, ha='center', va='center', wrap=True, transform=ax.transAxes, color='0.4')
     ax.set(xticks=[], yticks=[])
     ax.figure.note = note
+
+# %% ../nbs/01_recorder.ipynb #0ddb0441
+def tick_label(v: float) -> str:
+    "A tick's label, as the live view writes it: short, in exponent form for small and large numbers (2e-3)."
+    if v == 0: return '0'
+    if abs(v) < 1e-3 or abs(v) >= 1e5:
+        m, e = f"{v:e}".split('e')
+        return f"{float(m):.3g}e{int(e)}"
+    return f"{v:.6g}"
+
+def static_bundle(wide: bytes, narrow: bytes | None = None, width: int = 860) -> tuple[dict, dict]:
+    """What the live view leaves in the cell: the picture `wide` (and `narrow`, taken on screens up to 700 CSS pixels
+    wide) as HTML, with the PNG alone for what shows no HTML. Returns `(data, metadata)` of a display."""
+    def uri(png: bytes) -> str: return 'data:image/png;base64,' + base64.b64encode(png).decode()
+    src = f'<source media="(max-width: 700px)" srcset="{uri(narrow)}">' if narrow else ''
+    html = (f'<picture class="trainer-nb-curves">{src}<img src="{uri(wide)}" alt="training curves" '
+            f'style="width:{width}px;max-width:100%;height:auto"></picture>')
+    return ({'text/html': html, 'image/png': base64.b64encode(wide).decode(), 'text/plain': '<training curves>'},
+            {'image/png': {'width': width}})
 
 # %% ../nbs/01_recorder.ipynb #e806ef37
 def _momentum_key(g: dict) -> str | None:

@@ -8,16 +8,15 @@ import functools, json, math, os, socket, time, uuid, warnings
 from pathlib import Path
 
 # %% auto #0
-__all__ = ['RECORD', 'kernel_runs', 'RunRecorder', 'read_run', 'results_of', 'config_differences', 'runs', 'labels_of',
-           'draw_comparison', 'RunComparison', 'compare']
+__all__ = ['RECORD', 'kernel_runs', 'RunRecorder', 'read_run', 'results_of', 'config_differences', 'runs', 'find_run',
+           'labels_of', 'draw_comparison', 'RunComparison', 'compare']
 
 # %% ../nbs/17_runs.ipynb #6bf17c3d
 import numpy as np
 from .base import CancelFit, MainProcessHook, TrainerWarning, smooth, to_plain
 from .checkpoint import MetricsLog, checkpoint_hooks, run_config
-from .liveplot import static_bundle, tick_label
 from .progress import fmt_time
-from .recorder import Recorder
+from .recorder import Recorder, static_bundle, tick_label
 
 # %% ../nbs/17_runs.ipynb #dba8593f
 RECORD = 'record.json'   # a run directory's record
@@ -366,6 +365,15 @@ def _resolve(r, notes: list) -> list[dict]:
             if rec is not None: return [rec]
     if mem: return mem[-1:]
     raise ValueError(f"No run {s!r}: give a run directory, a name, a row of runs() or a trainer")
+
+def find_run(run) -> dict:
+    """The record of one run: `'last'` (this kernel's last fit), a run directory, a name, a row of `runs()`, a trainer
+    or a record. What `LivePlot(compare=...)` draws under a fit."""
+    if isinstance(run, str) and run == 'last':
+        if not _RECORDS: raise ValueError("compare='last': this kernel has fitted nothing yet")
+        return _RECORDS[-1]
+    notes = []
+    return _resolve(run, notes)[-1]
 
 def labels_of(recs: list[dict]) -> list[str]:
     "A label per record: what differs between their configs (`lr=0.003, hidden=256`), or their names."
