@@ -254,8 +254,11 @@ def test_jupyterlab_live_view_stays_readable(tmp_path):
             for w in (900, 420):
                 page.set_viewport_size({'width': w, 'height': 900})
                 fits_window(page)
-                page.wait_for_function("(w) => document.querySelector('.trainer-nb-liveplot canvas')"
-                                       ".getBoundingClientRect().width <= window.innerWidth", arg=w, timeout=30_000)
+                # the widget redraws for its new width at its next frame: wait for it to fit its output area
+                page.wait_for_function("() => { const c = document.querySelector('.trainer-nb-liveplot canvas'); "
+                                       "return c.getBoundingClientRect().width <= "
+                                       "c.closest('.jp-OutputArea-output').getBoundingClientRect().width + 0.5; }",
+                                       timeout=30_000)
                 widths[w] = page.evaluate(JS_LIVE)
                 shots[w] = tmp_path / f'live_{w}.png'
                 page.screenshot(path=str(shots[w]))
