@@ -239,3 +239,17 @@ def test_live_plot_draws_a_baseline_under_the_fit(tmp_path):
     assert png_size(tmp_path / 'curves.png')[0] > 0
     with pytest.raises(ValueError, match='no-such-run'):
         trainer([LivePlot(mode='text', path=tmp_path / 'x.png', compare='no-such-run')]).fit(1)
+
+
+def test_trainer_run_dir_writes_the_record_there(tmp_path):
+    "`Trainer(run_dir=...)`: the record in that directory, with the default hooks or without them."
+    ds = regression_ds(48)
+    for i, default in enumerate((True, False)):
+        d = tmp_path / f'run{i}'
+        t = Trainer(small_model(), DataLoader(ds, batch_size=8), loss_func=F.mse_loss, cpu=True, run_dir=d,
+                    default_hooks=default, hooks=() if default else [Recorder()])
+        t.fit(1)
+        assert [type(h) for h in t.hooks].count(RunRecorder) == 1
+        rec = read_run(d)
+        assert rec['status'] == 'done' and rec['steps'] == 6 and rec['name'] == f'run{i}'
+        assert runs(tmp_path, kernel=False).name.tolist().count(f'run{i}') == 1

@@ -67,6 +67,7 @@ class Trainer:
                  cpu: bool = False,   # train on the CPU even when an accelerator is there
                  log_with=None,       # experiment trackers: 'tensorboard', 'mlflow' or a list (see below)
                  project_dir=None,    # where the trackers write their logs
+                 run_dir=None,        # where each fit's record is written (`record.json`; see `trainer_nb.runs`)
                  accelerator: Accelerator | None = None,  # or your own; it then decides the five arguments above
                  optimizers: dict | None = None,  # named optimizers (instances or `f(model)`), in place of opt_func
                  manual: bool = False,  # train_step optimizes by hand (`trainer.backward`, `trainer.step`)
@@ -97,6 +98,10 @@ class Trainer:
         self.add_hooks(*(type(self).default_hooks if default_hooks else ()), *hooks,
                        *([CompileTimer] if compile else []))
         if _wants_trackers(self, log_with, accelerator): self.add_hooks(Trackers())
+        if run_dir is not None:   # the record's directory: the RunRecorder's (one added when the trainer has none)
+            keeper = next((h for h in self.hooks if isinstance(h, RunRecorder)), None)
+            if keeper is None: self.add_hooks(RunRecorder(run_dir))
+            else: keeper.dir = run_dir
 
     # ---- the loop: fit -> epoch -> batch -> optimizer step ----
     def fit(self,
