@@ -683,6 +683,12 @@ class _CheckpointRun:
         self._opened = True
         return True
 
+    def changed(self, change: dict):
+        """A change of the running fit (`Trainer.set`, at a step boundary): saved at once, so that a resume after a
+        crash holds it (at an epoch's last batch, the epoch's own checkpoint follows when one is due)."""
+        s = self.trainer.state
+        if not s.n_batches or s.batch < s.n_batches: self.save(position=(s.epoch, s.batch), again=True)
+
     def _close(self):
         self.run.close()
         self._opened = False
@@ -690,12 +696,12 @@ class _CheckpointRun:
 # %% ../nbs/06_checkpoint.ipynb #16494a1e
 class _CheckpointSaving(_CheckpointRun):
     "How the `Checkpoint` hook saves: when, which checkpoint is the best, and what a signal does."
-    def save(self, position=None, stopped: str | None = None) -> Path:
+    def save(self, position=None, stopped: str | None = None, again: bool = False) -> Path:
         """Save a checkpoint now (every process must call this, at a step boundary); returns its path. A step saved
-        already in this fit is not saved again."""
+        already in this fit is not saved again, unless `again` (the state changed since: `changed`)."""
         t, s = self.trainer, self.trainer.state
         path = self.dir / f'step-{s.step:08d}'
-        if self._saved_step == s.step: return path
+        if self._saved_step == s.step and not again: return path
         save_checkpoint(t, path, position=position, epoch_rng=self._epoch_rng, checksum=self.checksum,
                         fit_start=self._fit_start, stopped=stopped)
         self._saved_step, self._last_save = s.step, time.monotonic()
@@ -1016,6 +1022,10 @@ class MetricsLog(_MetricsFile, MainProcessHook):
     def after_epoch(self):
         s = self.trainer.state
         self._write({'kind': 'epoch', 'step': s.step, 'iteration': s.iteration, **self.trainer.epoch_results})
+
+    def changed(self, change: dict):
+        "A change of the running fit (`Trainer.set`): one line `{'kind': 'change', 'step', 'name', 'old', 'new', ...}`."
+        self._write({'kind': 'change', **change, 'time': time.time() - self._t0})
 
     def after_valid(self):
         "A validation inside an epoch (`fit(eval_every=)`): one line of kind 'valid'."

@@ -4,7 +4,7 @@
 
 # %% ../nbs/00_core.ipynb #b5c8a14b
 from __future__ import annotations
-import contextlib, copy, inspect, itertools, math, os, signal, sys, threading, time, traceback, warnings
+import contextlib, copy, functools, inspect, itertools, math, os, signal, sys, threading, time, traceback, warnings
 from collections.abc import Iterable, Mapping, Sequence
 
 # %% auto #0
@@ -33,7 +33,52 @@ from .checkpoint import ResumePlan, checkpoint_hooks, close_runs, resume_plan
 from .lr_find import lr_find
 from .trackers import Trackers
 from .runs import RunRecorder
+from .background import BackgroundFit, Pause, ask_changes, take_requests, wait_held
 from .workflow import (fine_tune, freeze, group_lrs, largest_batch_size, model_summary, quick_fit, split, unfreeze)
+
+# %% ../nbs/00_core.ipynb #083191d0
+def _check_free(t, what: str, held_ok: bool = False):
+    """Refuse to `what` from another thread while a call started with `background=True` runs (`held_ok`: unless the fit
+    is held in a pause); a fit waits for a background `lr_find` to end first."""
+    bg = t.background
+    if bg is None or bg.done.is_set() or threading.current_thread() is bg.thread or (held_ok and t.held is not None):
+        return
+    if bg.what == 'lr_find' and what == 'start a fit':
+        print("Waiting for the LR finder running in the background to end first", flush=True)
+        bg.done.wait()
+        return
+    raise RuntimeError(f"Can't {what}: {bg.what} is running in the background on this trainer. trainer.wait() waits "
+                       "for it to end; trainer.stop() stops it after the batch (trainer.resume() continues it)"
+                       + ("; or hold it with `with trainer.paused():`" if held_ok else ""))
+
+def _start_background(t, what: str, call):
+    "Run `call` (the door `what`) in a worker thread, its view in this cell (`BackgroundFit`)."
+    n = t.accelerator.num_processes
+    if n > 1:
+        raise RuntimeError(f"{what}(background=True) runs the call in a thread of this process, and this trainer "
+                           f"trains on {n} processes, which must all run it together: call {what} without background= "
+                           "(under launch the notebook's kernel shows rank 0's live view, and stays free, already)")
+    _check_free(t, f'start {what}' if what != 'lr_find' else 'start lr_find')
+    if t.fitting: raise RuntimeError(f"Can't start {what} in the background from inside a fit")
+    t._stop_asked, t._asked, t.requests, t._keep_asks = False, False, [], True
+
+    def run():
+        try: return call()
+        finally: t._keep_asks = False   # (the call may end before any fit began)
+    t.background = BackgroundFit(t, run, what)
+
+def _background_door(f):
+    "The door `f` of `Trainer`, with `background: bool = False` (keyword-only): True runs it in the background."
+    @functools.wraps(f)
+    def door(self, *args, background: bool = False, **kw):
+        if not background: return f(self, *args, **kw)
+        _start_background(self, f.__name__, lambda: f(self, *args, **kw))
+    sig = inspect.signature(f)
+    ps = list(sig.parameters.values())
+    at = next((i for i, p in enumerate(ps) if p.kind is p.VAR_KEYWORD), len(ps))
+    ps.insert(at, inspect.Parameter('background', inspect.Parameter.KEYWORD_ONLY, default=False, annotation='bool'))
+    door.__signature__ = sig.replace(parameters=ps)
+    return door
 
 # %% ../nbs/00_core.ipynb #79baf130
 class Trainer:
@@ -91,6 +136,9 @@ class Trainer:
         self.state, self.losses, self.logged, self.hooks = LoopState(), LossLog(), LoggedValues(), []
         self.fitting, self.dev_run, self.dev_run_calls, self.phase, self.resumed = False, False, None, None, None
         self._stop_asked, self._stopped = False, None   # (see "Stop and continue")
+        # what other threads ask of a running fit, taken at a step boundary (see "Beside the notebook")
+        self._asked, self._keep_asks, self.requests, self.held, self.background = False, False, [], None, None
+        self.changes, self.paused_seconds, self._fit_thread = [], 0.0, None
         self.batch = self.preds = self.loss = self.out = None
         self.valid_results, self.epoch_results, self.cancelled, self.eval_samples = {}, {}, None, None
         self.config = None   # the config that rebuilds this trainer, when `trainer_nb.registry` made it
@@ -104,6 +152,7 @@ class Trainer:
             else: keeper.dir = run_dir
 
     # ---- the loop: fit -> epoch -> batch -> optimizer step ----
+    @_background_door
     def fit(self,
             epochs: int | None = None,          # epochs to train, counted from where the trainer is
             lr: float | list | slice | None = None,  # a number, one per group or `slice(lo, hi)`; None: the trainer's
@@ -117,7 +166,9 @@ class Trainer:
         """Train for `epochs` more epochs (at `lr`, if given: a number, a list or `slice(lo, hi)`), or `max_steps` more
         optimizer steps (whichever ends first, when both are given). With `resume=` ('last', 'best' or a checkpoint
         directory), continue an interrupted fit where its checkpoint left it: `epochs` and `max_steps` are then the
-        ones the interrupted call asked for. The quick checks are in `trainer_nb.workflow`."""
+        ones the interrupted call asked for. The quick checks are in `trainer_nb.workflow`; `background=True`: see
+        "Beside the notebook"."""
+        _check_free(self, 'start a fit')
         if limit_batches is not None or overfit_batches is not None or fast_dev_run:
             return quick_fit(self, epochs, lr, resume, limit_batches, overfit_batches, fast_dev_run,
                              max_steps=max_steps, eval_every=eval_every)
@@ -135,13 +186,16 @@ class Trainer:
             self.resumed = resume.load(self) if isinstance(resume, _StoppedFit) else resume_plan(self, resume)
             start = _apply_plan(self, self.resumed, epochs, max_steps)
         fit_start = s.epoch if self.resumed is None else self.resumed.fit_start
-        self.fitting, self.cancelled, self.phase, self._stopped, self._stop_asked = True, None, None, None, False
+        keep, self._keep_asks = self._keep_asks, False   # (what was asked of a background fit before it began: kept)
+        if not keep: self._stop_asked, self._asked, self.requests = False, False, []
+        self.fitting, self.cancelled, self.phase, self._stopped = True, None, None, None
+        self._fit_thread, self.paused_seconds = threading.current_thread(), 0.0
         _ACTIVE.append(self)   # where `log_scalar` sends values
         old_sigint = _catch_stop_button(self)   # the stop button asks for a stop after the batch (see below)
         try:
             self._calls.run('before_fit')
             while s.epoch < s.epochs and not (s.max_step and s.step >= s.max_step):
-                if self._stop_asked: raise _StopHere(0)   # asked during the last epoch's end
+                if self._asked: self._take_requests(0)   # asked during the last epoch's end
                 self._epoch(dl, start)
                 start = None
                 s.epoch += 1
@@ -173,6 +227,7 @@ class Trainer:
         "One epoch: its batches (from `start`, a resumed position, if given), its losses to the host, validation."
         s, calls = self.state, self._calls
         s.batch, t0, self.phase, self.epoch_results, loader = 0, time.perf_counter(), 'train', {}, dl
+        t0 -= self.paused_seconds   # (a pause counts in no epoch's time)
         self.model.train()
         self._epoch_first = len(self.losses)   # index of the epoch's first batch in the loss log
         stop, every = s.max_step or math.inf, self._eval_every
@@ -187,7 +242,7 @@ class Trainer:
                     _validate_in_epoch(self)   # (not at the epoch's last batch: the epoch's validation follows)
                 s.batch += 1
                 if s.step >= stop: break   # `max_steps` reached: the epoch ends here, and the fit with it
-                if self._stop_asked and self.accelerator.sync_gradients: raise _StopHere(s.batch)   # (at a step)
+                if self._asked and self.accelerator.sync_gradients: self._take_requests(s.batch)   # (at a step)
             if s.batch == 0 and s.n_batches == 0: raise ValueError("train_dl yielded no batches")
         except CancelEpoch: _drop_unfinished(self)
         finally:   # an Accelerate loader left part-way stays registered as the one iterated: end it
@@ -202,7 +257,7 @@ class Trainer:
                 if calls['after_valid']: calls.run('after_valid')
             except CancelEpoch: pass   # from before_valid: no validation; from after_valid: its remaining hooks skipped
         self.epoch_results.update(self.logged.epoch_means(self.accelerator))   # `trainer.log`: this epoch's means
-        self.epoch_results['time'], self.phase = time.perf_counter() - t0, 'epoch'
+        self.epoch_results['time'], self.phase = time.perf_counter() - self.paused_seconds - t0, 'epoch'
         try:
             if calls['after_epoch']: calls.run('after_epoch')
         except CancelEpoch: pass       # the remaining after_epoch hooks are skipped
@@ -340,6 +395,7 @@ class Trainer:
     # ---- evaluation ----
     def evaluate(self, dl=None) -> dict:
         "`{'valid_loss': ..., <metric>: ...}` over `dl` (default: `valid_dl`), over every process's samples."
+        _check_free(self, 'evaluate', held_ok=True)
         items = _metric_items(self.metrics)
         stream = [(n, m) for n, m, _ in items if _is_streaming(m)]
         for _, m in stream: _reset(m, self.device)
@@ -355,6 +411,7 @@ class Trainer:
     def predict(self, dl):
         """`(preds, targets)` over `dl`, gathered from all processes, on the CPU (`targets` None if unlabelled);
         `preprocess_preds` applied, ragged ones padded with `pad_index`."""
+        _check_free(self, 'predict', held_ok=True)
         _, preds, targets = _run_eval(self, dl, keep_preds=True)
         return preds, targets
 
@@ -362,6 +419,7 @@ class Trainer:
     def add_hooks(self, *hooks):
         "Add hooks (instances, or classes to instantiate); they run sorted by `order`, ties in the order added."
         check_idle(self, 'add hooks')
+        _check_free(self, 'add hooks')
         for h in hooks:
             if isinstance(h, type): h = h()
             if not isinstance(h, Hook):
@@ -374,6 +432,7 @@ class Trainer:
     def remove_hooks(self, *hooks):
         "Remove hooks, given as instances or classes (every hook of that class)."
         check_idle(self, 'remove hooks')
+        _check_free(self, 'remove hooks')
         for h in hooks:
             gone = [x for x in self.hooks if (isinstance(x, h) if isinstance(h, type) else x is h)]
             if not gone: raise ValueError(f"{h!r} is not among this trainer's hooks")
@@ -439,7 +498,7 @@ class Trainer:
         return {'state': self.state.state_dict(), 'lrs': list(self._lrs),
                 'schedulers': {k: s.state_dict() for k, s in self.schedulers.items()},
                 'accum_step': int(self.accelerator.step), 'grad_accum': self.grad_accum,
-                'losses': self.losses.state_dict(), 'logged': self.logged.state_dict(),
+                'losses': self.losses.state_dict(), 'logged': self.logged.state_dict(), 'changes': list(self.changes),
                 'hooks': {k: h.state_dict() for k, h in self.hook_keys()} if hooks else None}
 
     def load_state_dict(self, sd: dict):
@@ -453,6 +512,7 @@ class Trainer:
         self.accelerator.step = sd['accum_step']
         if 'losses' in sd: self.losses.load_state_dict(sd['losses'])
         if 'logged' in sd: self.logged.load_state_dict(sd['logged'])
+        self.changes = list(sd.get('changes', []))
         if sd.get('hooks') is not None: _load_hook_states(self, sd['hooks'])
 
     @contextlib.contextmanager
@@ -546,6 +606,7 @@ class Trainer:
         return self.get_hook(Timing).report()
 
     # ---- the features, one line each ----
+    @_background_door
     def fit_one_cycle(self,
                       epochs: int | None = None,  # epochs to train (the cycle spans them)
                       lr_max: float | list | slice | None = None,  # the peak LR; None: the trainer's `lr`
@@ -563,6 +624,7 @@ class Trainer:
         _fit_scheduled(self, epochs, lr_max, one_cycle(None, pct_start, div, div_final, moms, **kw), resume,
                        max_steps, eval_every)
 
+    @_background_door
     def fit_cosine(self,
                    epochs: int | None = None,     # epochs to train (the schedule spans them)
                    lr: float | list | slice | None = None,  # the LR after warmup; None: the trainer's `lr`
@@ -577,6 +639,7 @@ class Trainer:
         "Fit `epochs` epochs (or `max_steps` steps) with a linear warmup to `lr` then cosine annealing to `lr_min`."
         _fit_scheduled(self, epochs, lr, cosine(lr_min, warmup_pct, warmup_steps, div), resume, max_steps, eval_every)
 
+    @_background_door
     def fit_constant(self,
                      epochs: int | None = None,   # epochs to train
                      lr: float | list | slice | None = None,  # the LR; None: the trainer's `lr`
@@ -593,6 +656,7 @@ class Trainer:
         _fit_scheduled(self, epochs, lr, constant(warmup_pct, warmup_steps, div) if warm else None, resume,
                        max_steps, eval_every)
 
+    @_background_door
     def lr_find(self,
                 start_lr: float = 1e-7,  # the first LR of the sweep
                 end_lr: float = 10,      # the last one (the LR grows exponentially in between)
@@ -619,6 +683,7 @@ class Trainer:
         "Train again the groups (indices) or modules (name prefixes) given; with none, every parameter."
         return unfreeze(self, *which)
 
+    @_background_door
     def fine_tune(self, epochs: int, base_lr: float = 2e-3, freeze_epochs: int = 1, lr_mult: float = 100.,
                   pct_start: float = 0.3, div: float = 5., **kw):
         "The last group alone for `freeze_epochs`, then every group with smaller LRs for the first: see `workflow`."
@@ -634,18 +699,68 @@ class Trainer:
 
     # ---- stop and continue ----
     def stop(self):
-        "Ask the running fit to stop after the current batch, as the stop button does; `resume()` then continues it."
+        """Ask the running fit to stop after the current batch (from any thread, or the stop button); `resume()` then
+        continues it."""
         self._stop_asked = True
+        self._asked = True
 
     @property
     def stopping(self) -> bool:
         "Whether a stop was asked (the stop button, or `stop()`) during the running (or the last) fit."
         return self._stop_asked
 
+    @_background_door
     def resume(self):
         """Continue the fit that the stop button (or `stop()`) ended, from where it stopped: the same schedule,
         position and data order, in memory (no checkpoint). It ends with the weights an uninterrupted fit would have."""
         return _resume_stopped(self)
+
+    # ---- beside the notebook: a fit in the background, and what other cells may ask of it ----
+    @property
+    def running(self) -> bool:
+        "Whether a fit (or another call started with `background=True`) is running."
+        return self.fitting or (self.background is not None and not self.background.done.is_set())
+
+    def wait(self, timeout: float | None = None):
+        """Wait for the call started with `background=True` to end: what it returns, or its exception (`FitStopped`
+        after `stop()`); a `TimeoutError` after `timeout` seconds. The stop button while waiting stops the fit."""
+        if self.background is None: raise RuntimeError("Nothing was started with background=True on this trainer")
+        return self.background.wait(timeout)
+
+    @contextlib.contextmanager
+    def paused(self):
+        """Hold the running fit at its next step boundary for the block: read, plot or `evaluate` the model meanwhile;
+        the fit then goes on exactly as if never held (the model's mode and every random generator put back)."""
+        if self.running and threading.current_thread() in (self._fit_thread, getattr(self.background, 'thread', 0)):
+            raise RuntimeError("paused() holds a fit from another thread; the fit's own thread (a hook) can't wait")
+        p = Pause()
+        if self.running:
+            self._ask(p)
+            wait_held(self, p)
+        try: yield self
+        finally: p.release.set()
+
+    def set(self, lr: float | None = None, weight_decay: float | None = None):
+        """Change the learning rate (the fastest group's; the others and the schedule scale with it) and/or the weight
+        decay of the running fit, from its next optimizer step on, recorded in `changes`; with no fit running, the
+        trainer's base `lr` (and weight decay). Returns at once."""
+        for c in ask_changes(self, lr, weight_decay): self._ask(c)
+
+    def attach(self):
+        "Show the background fit's live view (running, or the last one's record) again here, with everything so far."
+        if self.background is None: raise RuntimeError("Nothing was started with background=True on this trainer")
+        self.background.attach()
+
+    def _ask(self, request):
+        "Hand the running fit a request (a `Pause`, a `Change`): its loop takes it at the next step boundary."
+        self.requests.append(request)
+        self._asked = True
+
+    def _take_requests(self, done: int):
+        "At a step boundary (`done` batches of the epoch done): what other threads asked, then a stop."
+        self._asked = False
+        if self.requests: take_requests(self)
+        if self._stop_asked: raise _StopHere(done)
 
 # %% ../nbs/00_core.ipynb #95cc96ee
 _NOT_A_DICT = ("With no loss_func or train_step, batches must be dicts, passed as model(**batch) to a model that "
@@ -1079,7 +1194,7 @@ def _catch_stop_button(t):
     def pressed(signum, frame):
         if not t.fitting: raise KeyboardInterrupt   # (its hooks' end: as without the trainer)
         if t._stop_asked: raise _PressedTwice()
-        t._stop_asked = True
+        t.stop()
     return (signal.signal(signal.SIGINT, pressed),)
 
 def _release_stop_button(old):

@@ -4,12 +4,12 @@
 
 # %% ../nbs/03_progress.ipynb #d8eca8a5
 from __future__ import annotations
-import html, itertools, math, os, sys, time, warnings
+import contextvars, html, itertools, math, os, sys, time, warnings
 
 # %% auto #0
-__all__ = ['MODES', 'RESULTS_CSS', 'VIEWS', 'DASHBOARD_CSS', 'detect_mode', 'resolve_mode', 'display_handle', 'LossTail',
-           'auto_beta', 'fmt_time', 'results_table', 'results_text', 'results_html', 'send_views_to', 'RemoteView',
-           'open_view', 'Dashboard', 'Progress']
+__all__ = ['MODES', 'view_box', 'RESULTS_CSS', 'VIEWS', 'DASHBOARD_CSS', 'detect_mode', 'resolve_mode', 'display_handle',
+           'LossTail', 'auto_beta', 'fmt_time', 'results_table', 'results_text', 'results_html', 'send_views_to',
+           'RemoteView', 'open_view', 'Dashboard', 'Progress']
 
 # %% ../nbs/03_progress.ipynb #74f30a3d
 import torch
@@ -37,8 +37,14 @@ def _shell_active() -> bool:
     ip = sys.modules.get('IPython')
     return ip is not None and ip.get_ipython() is not None
 
+# a background fit's view (`trainer_nb.background`), in the fit's thread: where its hooks' views are shown
+view_box = contextvars.ContextVar('trainer_nb_view_box', default=None)
+
 def display_handle(obj):
-    "Display `obj` with a handle to replace it later; None when there is nowhere to display."
+    """Display `obj` with a handle to replace it later; None when there is nowhere to display. In a background fit's
+    thread, `obj` goes into the fit's view (`view_box`), made in the cell that started the fit."""
+    box = view_box.get()
+    if box is not None: return box.add(obj)
     if not _shell_active(): return None
     from IPython.display import display
     return display(obj, display_id=True)
@@ -343,6 +349,11 @@ class Progress(_ProgressNumbers, _ProgressWidgets, _ProgressText, MainProcessHoo
         else: self.redraw(table=True)
 
     def after_cancel(self): self.status = _status(self.trainer.cancelled)
+
+    def paused_for(self, seconds: float):
+        "The fit was held (`Trainer.paused`) for `seconds`: they count in no time shown."
+        self.t_fit += seconds
+        self.t_epoch += seconds
 
     def after_fit(self):
         if self.active in (None, 'off'): return
