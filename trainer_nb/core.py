@@ -418,8 +418,8 @@ class Trainer:
     # ---- hooks ----
     def add_hooks(self, *hooks):
         "Add hooks (instances, or classes to instantiate); they run sorted by `order`, ties in the order added."
-        check_idle(self, 'add hooks')
         _check_free(self, 'add hooks')
+        check_idle(self, 'add hooks')
         for h in hooks:
             if isinstance(h, type): h = h()
             if not isinstance(h, Hook):
@@ -431,8 +431,8 @@ class Trainer:
 
     def remove_hooks(self, *hooks):
         "Remove hooks, given as instances or classes (every hook of that class)."
-        check_idle(self, 'remove hooks')
         _check_free(self, 'remove hooks')
+        check_idle(self, 'remove hooks')
         for h in hooks:
             gone = [x for x in self.hooks if (isinstance(x, h) if isinstance(h, type) else x is h)]
             if not gone: raise ValueError(f"{h!r} is not among this trainer's hooks")
@@ -738,7 +738,7 @@ class Trainer:
             self._ask(p)
             wait_held(self, p)
         try: yield self
-        finally: p.release.set()
+        finally: p.end()
 
     def set(self, lr: float | None = None, weight_decay: float | None = None):
         """Change the learning rate (the fastest group's; the others and the schedule scale with it) and/or the weight

@@ -1,0 +1,191 @@
+"""Fits beside the notebook (`background=True`): the same numbers as in the foreground, a stop, a pause, an LR change
+(recorded, checkpointed, exact after SIGKILL), errors and refusals. Waits on the trainer's events, never on time."""
+import json
+import signal
+import subprocess
+import sys
+import threading
+
+import pytest
+import torch
+import torch.nn.functional as F
+from safetensors.torch import load_file
+from torch.utils.data import DataLoader
+
+from conftest import REPO, regression_ds
+from test_stop import Dropout, LRs, weights
+
+from trainer_nb.base import Hook
+from trainer_nb.checkpoint import Checkpoint, MetricsLog, read_metrics
+from trainer_nb.core import FitStopped, Trainer
+from trainer_nb.recorder import Recorder
+
+pytestmark = pytest.mark.usefixtures('fresh_accelerate')
+
+
+def trainer(grad_accum=1, hooks=(), n=80):
+    torch.manual_seed(0)
+    dl = DataLoader(regression_ds(n), batch_size=4, shuffle=True)
+    valid = DataLoader(regression_ds(12, seed=1), batch_size=4)
+    return Trainer(Dropout(), dl, valid, loss_func=F.mse_loss, default_hooks=False, grad_accum=grad_accum,
+                   hooks=[LRs(), Recorder(), *hooks])
+
+
+def same(a, b):
+    assert all(torch.equal(x, y) for x, y in zip(weights(a), weights(b)))
+    assert a.losses.slice(0, len(a.losses)).tolist() == b.losses.slice(0, len(b.losses)).tolist()
+    assert a.history.drop(columns=['time']).to_dict('records') == b.history.drop(columns=['time']).to_dict('records')
+    assert a.get_hook(LRs).seen == b.get_hook(LRs).seen
+
+
+@pytest.mark.parametrize('how', ['one_cycle', 'accum', 'checkpoint'])
+def test_background_fit_is_bitwise_the_foreground_fit(how, tmp_path):
+    kw = dict(grad_accum=2) if how == 'accum' else {}
+    extra = lambda d: [Checkpoint(tmp_path / d, monitor=None)] if how == 'checkpoint' else []
+    ref = trainer(**kw, hooks=extra('ref'))
+    ref.fit_one_cycle(3, 1e-2)
+    t = trainer(**kw, hooks=extra('bg'))
+    assert t.fit_one_cycle(3, 1e-2, background=True) is None and t.running
+    assert t.wait() is None and not t.running
+    same(t, ref)
+
+
+class Gate(Hook):
+    "Holds the fit at iteration `at` until the test lets it go: a fixed point to ask things at."
+    def __init__(self, at): self.at, self.reached, self.go = at, threading.Event(), threading.Event()
+    def after_batch(self):
+        if self.trainer.state.iteration == self.at:
+            self.reached.set()
+            self.go.wait()
+
+
+def test_stop_from_another_thread_then_resume_in_the_background():
+    ref = trainer()
+    ref.fit_one_cycle(3, 1e-2)
+    t = trainer(hooks=[gate := Gate(7)])
+    t.fit_one_cycle(3, 1e-2, background=True)
+    gate.reached.wait()
+    t.stop()
+    gate.go.set()
+    with pytest.raises(FitStopped, match=r"batch 7 of 20 .*trainer\.resume\(\) continues"):
+        t.wait()
+    assert t.state.iteration == 7 and not t.running
+    t.resume(background=True)
+    t.wait()
+    same(t, ref)
+
+
+def test_a_pause_changes_nothing_whatever_the_user_does_in_it():
+    ref = trainer()
+    ref.fit_one_cycle(3, 1e-2)
+    t = trainer(hooks=[gate := Gate(5)])
+    t.fit_one_cycle(3, 1e-2, background=True)
+    gate.reached.wait()
+    with pytest.raises(RuntimeError, match=r"Can't evaluate: fit_one_cycle is running in the background.*paused"):
+        t.evaluate()
+    gate.go.set()
+    with t.paused():
+        assert t.held is not None and t.state.iteration >= 5
+        at = t.state.iteration
+        t.evaluate()                       # eval mode, its own loader
+        torch.randn(100)                   # the global generator
+        next(iter(t.train_dl))             # the training loader's order
+        t.model.eval()
+    assert t.held is None
+    t.wait()
+    assert t.state.iteration > at
+    same(t, ref)
+    assert t.paused_seconds > 0
+
+
+def test_refusals_say_what_to_do():
+    t = trainer(hooks=[gate := Gate(3)])
+    t.fit(2, lr=1e-2, background=True)
+    gate.reached.wait()
+    for call, what in [(lambda: t.fit(1), 'start a fit'), (lambda: t.fit_one_cycle(1, background=True),
+                       'start fit_one_cycle'), (lambda: t.add_hooks(Recorder()), 'add hooks'),
+                       (lambda: t.predict(t.valid_dl), 'predict')]:
+        with pytest.raises(RuntimeError, match=rf"Can't {what}: fit is running in the background.*trainer\.wait\(\)"):
+            call()
+    with pytest.raises(ValueError, match='lr must be a positive number'):
+        t.set(lr=-1)
+    gate.go.set()
+    t.wait()
+    t.fit(1, lr=1e-2)   # free again
+
+
+class Boom(Hook):
+    def after_batch(self):
+        if self.trainer.state.iteration == 4: raise ZeroDivisionError('boom')
+
+
+def test_wait_raises_the_fits_own_error_with_its_note(capfd):
+    t = trainer(hooks=[Boom()])
+    t.fit(2, lr=1e-2, background=True)
+    with pytest.raises(ZeroDivisionError, match='boom') as info:
+        t.wait()
+    note = ' '.join(getattr(info.value, '__notes__', [])) + str(info.value)
+    assert 'Boom' in note and 'after_batch' in note
+    assert 'ZeroDivisionError' in capfd.readouterr().err   # shown where the fit runs, waited on or not
+
+
+class SetAt(Hook):
+    "Calls `trainer.set(lr=to)` at iteration `at` (from the fit's thread: taken at the boundary, as any request)."
+    def __init__(self, at, to): self.at, self.to = at, to
+    def after_batch(self):
+        if self.trainer.state.iteration == self.at: self.trainer.set(lr=self.to)
+
+
+def test_set_lr_rescales_the_schedule_from_the_next_step():
+    ref = trainer()
+    ref.fit_one_cycle(2, 1e-2)
+    t = trainer(hooks=[SetAt(9, 2e-3)])
+    t.fit_one_cycle(2, 1e-2, background=True)
+    t.wait()
+    (c,) = t.changes
+    assert (c['step'], c['name'], c['new']) == (9, 'lr', 2e-3)
+    lr, lr_ref = [s[1] for s in t.get_hook(LRs).seen], [s[1] for s in ref.get_hook(LRs).seen]
+    assert lr[:9] == lr_ref[:9] and lr[9] == pytest.approx(2e-3 * lr_ref[9] / lr_ref[8], rel=1e-9)
+    ratios = [a / b for a, b in zip(lr[9:], lr_ref[9:])]
+    assert max(ratios) == pytest.approx(min(ratios), rel=1e-9) and ratios[0] == pytest.approx(2e-3 / c['old'])
+
+
+def test_two_trainers_in_the_background_at_once():
+    def mk(seed):
+        torch.manual_seed(seed)
+        g = torch.Generator().manual_seed(seed)
+        m = torch.nn.Sequential(torch.nn.Linear(5, 8), torch.nn.Tanh(), torch.nn.Linear(8, 1))
+        return Trainer(m, DataLoader(regression_ds(64, seed=seed), batch_size=4, shuffle=True, generator=g),
+                       loss_func=F.mse_loss, default_hooks=False)
+    refs = [mk(s) for s in (1, 2)]
+    for r in refs: r.fit(3, lr=1e-2)
+    ts = [mk(s) for s in (1, 2)]
+    for t in ts: t.fit(3, lr=1e-2, background=True)
+    for t, r in zip(ts, refs):
+        t.wait()
+        assert all(torch.equal(a, b) for a, b in zip(t.model.parameters(), r.model.parameters()))
+
+
+def run(cfg):
+    p = subprocess.run([sys.executable, str(REPO / 'tests' / 'bg_script.py'), json.dumps(cfg)], capture_output=True,
+                       text=True, timeout=300, cwd=REPO)
+    return p
+
+
+def test_an_lr_change_survives_sigkill_bitwise(tmp_path):
+    "Changed at iteration 15 (mid-epoch 2), killed at 20: the resume holds the change, and ends bitwise as without kill."
+    base = {'change_at': 15, 'to': 3e-3, 'background': True}
+    ref = run({**base, 'dir': str(tmp_path / 'ref'), 'out': str(tmp_path / 'ref')})
+    assert ref.returncode == 0, ref.stderr
+    d, out = str(tmp_path / 'run'), str(tmp_path / 'run')
+    p = run({**base, 'dir': d, 'out': out, 'kill_at': 20})
+    assert p.returncode == -signal.SIGKILL, p.stderr
+    p = run({'dir': d, 'out': out, 'resume': 'last', 'background': True})
+    assert p.returncode == 0, p.stderr
+    a, b = load_file(out + '.st'), load_file(str(tmp_path / 'ref') + '.st')
+    assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
+    changes = json.load(open(out + '.json'))['changes']
+    assert changes == json.load(open(str(tmp_path / 'ref') + '.json'))['changes'] and changes[0]['step'] == 15
+    df = read_metrics(tmp_path / 'run')
+    logged = df[df['kind'] == 'change']
+    assert list(zip(logged['step'], logged['new'])) == [(15, 3e-3)]   # written once, before the kill
