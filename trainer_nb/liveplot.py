@@ -138,7 +138,7 @@ function drawPanel(ctx, box, p, px) {   // one panel `p` in `box` (CSS pixels); 
       if (pen) ctx.lineTo(x, y); else ctx.moveTo(x, y);
       pen = true;
     }
-    ctx.stroke();
+    if (s.line !== false) ctx.stroke();
     if (s.dots) for (let i = 0; i < s.y.length; i++) if (Number.isFinite(s.y[i]) && (!p.log || s.y[i] > 0)) {
       ctx.beginPath(); ctx.arc(sx(s.x[i]), sy(s.y[i]), 3, 0, 2 * Math.PI); ctx.fill();
     }
@@ -182,6 +182,10 @@ function panels(spec, d, lims) {   // what each panel shows, its axis limits kep
     {x, y: d.smooth, color: COLORS[0], width: 1.6, label: 'train (smoothed)'},
     {x: d.valid_step, y: d.valid_loss, color: COLORS[1], width: 1.4, dots: true, label: 'valid'}]};
   const lr = {title: 'learning rate', series: [{x, y: d.lr, color: COLORS[2], width: 1.6}]};
+  if (d.change_step && d.change_step.length) {   // each `set(lr=)` of the fit: a dot at its step and new rate
+    lr.series.push({x: d.change_step, y: d.change_lr, color: COLORS[3], dots: true, line: false, label: 'set(lr=)'});
+    lr.legend = true;
+  }
   const ps = [loss, lr], metrics = spec.metrics || [];
   if (metrics.length) ps.push({title: metrics.length === 1 ? metrics[0] : 'metrics', legend: metrics.length > 1,
     series: metrics.map((m, i) => ({x: d['step:' + m], y: d[m], color: COLORS[3 + i % 5], width: 1.4, dots: true,
@@ -301,6 +305,8 @@ def _panels(frame: dict) -> list[tuple]:
                                                                            label='valid'))],
             (s['smooth'], s['valid_loss']))
     lr = ('learning rate', False, [(s['step'], s['lr'], dict(color='C2', lw=1.6))], (s['lr'],))
+    if len(s.get('change_step', ())):   # each `set(lr=)`: a dot at its step and new rate
+        lr[2].append((s['change_step'], s['change_lr'], dict(color='C3', ls='none', marker='o', ms=5, label='set(lr=)')))
     ms = [(s['step:' + n], s[n], dict(color=f'C{3 + i % 5}', lw=1.4, marker='o', ms=4, label=n))
           for i, n in enumerate(names)]
     ps = [loss, lr, (names[0] if len(names) == 1 else 'metrics', False, ms, tuple(m[1] for m in ms))]
@@ -395,6 +401,8 @@ class _Frames:
         s = {'step': step, 'loss': a['loss'], 'smooth': sm, 'lr': a['lr'], 'valid_step': a['valid_step'],
              'valid_loss': a['valid_loss']}
         for n in self.metric_names: s['step:' + n], s[n] = self.rec.per_epoch(n)
+        sets = [(c['step'], c['new']) for c in self.trainer.changes if c['name'] == 'lr' and c['step'] >= self._x_start]
+        s['change_step'], s['change_lr'] = [x for x, _ in sets], [v for _, v in sets]
         frame = {'series': s, 'metrics': list(self.metric_names), 'log': self._log_axis(sm, a['valid_loss']),
                  'x': [self._x_start, self._x_end], 'step': int(self.trainer.state.step)}
         if self._base is not None: frame['baseline'] = self._base[0]
