@@ -164,6 +164,16 @@ def test_two_trainers_in_the_background_at_once():
     for t, r in zip(ts, refs):
         t.wait()
         assert all(torch.equal(a, b) for a, b in zip(t.model.parameters(), r.model.parameters()))
+    # with accumulation, Accelerate's one process-wide state would mix the two groups' steps: refused
+    ts[0].add_hooks(gate := Gate(ts[0].state.iteration + 2))
+    ts[0].fit(1, lr=1e-2, background=True)
+    gate.reached.wait()
+    ts[1].grad_accum = 2
+    for start in (lambda: ts[1].fit(1, lr=1e-2, background=True), lambda: ts[1].fit(1, lr=1e-2)):
+        with pytest.raises(RuntimeError, match=r"Two trainers can't fit at once when either accumulates"):
+            start()
+    gate.go.set()
+    ts[0].wait()
 
 
 def run(cfg):

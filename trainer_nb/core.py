@@ -51,6 +51,14 @@ def _check_free(t, what: str, held_ok: bool = False):
                        "for it to end; trainer.stop() stops it after the batch (trainer.resume() continues it)"
                        + ("; or hold it with `with trainer.paused():`" if held_ok else ""))
 
+def _check_alone(t):
+    "Refuse a fit beside another trainer's when either accumulates gradients (Accelerate's state for it is one)."
+    others = [o for o in _ACTIVE if o is not t]
+    if others and (t.grad_accum > 1 or any(o.grad_accum > 1 for o in others)):
+        raise RuntimeError("Two trainers can't fit at once when either accumulates gradients (grad_accum > 1): "
+                           "Accelerate keeps where an accumulation group stands in one state for the whole process. "
+                           "Let the other fit end first (trainer.wait())")
+
 def _start_background(t, what: str, call):
     "Run `call` (the door `what`) in a worker thread, its view in this cell (`BackgroundFit`)."
     n = t.accelerator.num_processes
@@ -60,6 +68,7 @@ def _start_background(t, what: str, call):
                            "(under launch the notebook's kernel shows rank 0's live view, and stays free, already)")
     _check_free(t, f'start {what}' if what != 'lr_find' else 'start lr_find')
     if t.fitting: raise RuntimeError(f"Can't start {what} in the background from inside a fit")
+    _check_alone(t)
     t._stop_asked, t._asked, t.requests, t._keep_asks = False, False, [], True
 
     def run():
@@ -173,6 +182,7 @@ class Trainer:
             return quick_fit(self, epochs, lr, resume, limit_batches, overfit_batches, fast_dev_run,
                              max_steps=max_steps, eval_every=eval_every)
         _check_fit(self, epochs, max_steps, eval_every)
+        _check_alone(self)
         self.lr = lr if lr is not None else self.lr   # each fit starts from the base LRs
         s, dl = self.state, self.train_loader
         s.n_batches = has_len(dl) or 0
@@ -1666,7 +1676,9 @@ _ACTIVE = []   # the trainers whose fit is running (the innermost last): where `
 
 def log_scalar(name: str, value):
     "Log `value` under `name` to the trainer whose `fit` is training (from a model's `forward`...); else nothing."
-    if _ACTIVE and _ACTIVE[-1].phase == 'train': _ACTIVE[-1].log(name, value)
+    me = threading.current_thread()   # (trainers may fit at once, each in its own thread: `background=True`)
+    t = next((t for t in reversed(_ACTIVE) if t._fit_thread is me), None)
+    if t is not None and t.phase == 'train': t.log(name, value)
 
 # %% ../nbs/00_core.ipynb #906a9798
 def _fmt(v):

@@ -150,6 +150,10 @@ class RunRecorder(_RecordSaving, MainProcessHook):
         if self.path is not None: self.path.parent.mkdir(parents=True, exist_ok=True)
         self.save()
 
+    def paused_for(self, seconds: float):
+        "The fit was held (`Trainer.paused`) for `seconds`: they count in no time recorded."
+        self._t0 += seconds
+
     def after_step(self):
         now = time.monotonic()
         if now - self._last_clock >= self._clock_every:
