@@ -11,14 +11,12 @@ from pathlib import Path
 
 # %% auto #0
 __all__ = ['list_checkpoints', 'verify_checkpoint', 'run_config', 'config_diff', 'RunDir', 'save_checkpoint', 'load_weights',
-           'ResumePlan', 'checkpoint_hooks', 'close_runs', 'resume_plan', 'Checkpoint', 'EarlyStopping', 'MetricsLog',
-           'read_metrics']
+           'ResumePlan', 'checkpoint_hooks', 'close_runs', 'resume_plan', 'Checkpoint', 'epoch_end_checkpoint']
 
 # %% ../nbs/06_checkpoint.ipynb #77d58462
 import numpy as np
 import torch
-from .base import (CancelFit, Hook, MainProcessHook, TrainerWarning, check_monitor, name_of, rng_state,
-                             to_plain)
+from .base import CancelFit, Hook, TrainerWarning, check_monitor, name_of, rng_state
 
 # %% ../nbs/06_checkpoint.ipynb #dda70a9d
 _NAME = re.compile(r'^step-(\d+)$')
@@ -646,9 +644,41 @@ def _plan(t, resume) -> ResumePlan:
     return ResumePlan(path=path, state=state, epoch=epoch, batch=done, epoch_rng=rng['epoch_start'] if done else None,
                       rng=rng['current'], replay=replay, fit_start=st['fit_start'], stopped=stopped)
 
-# %% ../nbs/06_checkpoint.ipynb #d622c415
-class _CheckpointRun:
-    "The `Checkpoint` hook's run directory: where its checkpoints are, and opening it for a fit (or a resume)."
+# %% ../nbs/06_checkpoint.ipynb #16494a1e
+def _check_checkpoint_args(config, mode, keep_last, every_steps):
+    if config is not None and not isinstance(config, Mapping): raise TypeError(f"config must be a dict, got {config!r}")
+    if config is not None and 'trainer' in config:
+        raise ValueError("The config key 'trainer' is reserved for what the trainer knows: rename it")
+    if mode not in ('min', 'max'): raise ValueError(f"mode must be 'min' or 'max', got {mode!r}")
+    if keep_last is not None and keep_last < 1: raise ValueError(f"keep_last must be >= 1 or None, got {keep_last}")
+    if every_steps is not None and every_steps < 1: raise ValueError(f"every_steps must be >= 1, got {every_steps}")
+
+# %% ../nbs/06_checkpoint.ipynb #8b07469b
+class Checkpoint(Hook):
+    """Save the trainer every `every_steps` steps / `every_seconds` seconds / epoch end; keep the last `keep_last` and
+    the best."""
+    order = 85   # after the hooks whose state it saves (Recorder 10, MetricsLog 80, EarlyStopping 82)
+    in_dev_run = False   # `fit(fast_dev_run=True)` writes nothing
+
+    def __init__(self, dir, every_steps: int | None = None, every_seconds: float | None = None,
+                 at_epoch_end: bool = True, keep_last: int | None = 3,
+                 monitor: str | None = 'valid_loss', mode: str = 'min', load_best_at_end: bool = False,
+                 handle_signals: bool = True, checksum: bool = True, lock: bool = True,
+                 config: dict | None = None,    # the run's config, written to `dir/config.json` (see `run_config`)
+                 replay_batches: bool = False): # a mid-epoch resume loads and discards the batches done (see above)
+        _check_checkpoint_args(config, mode, keep_last, every_steps)
+        self.run = RunDir(dir, lock)
+        self.every_steps, self.every_seconds, self.at_epoch_end = every_steps, every_seconds, at_epoch_end
+        self.keep_last, self.monitor, self.mode, self.load_best_at_end = keep_last, monitor, mode, load_best_at_end
+        self.handle_signals, self.checksum, self.config = handle_signals, checksum, config
+        self.replay_batches = replay_batches
+        self.best_value, self.best_name, self.saved = None, None, []   # saved: this fit's checkpoints, oldest first
+        self._signal, self._old_handlers, self._epoch_rng = None, {}, None
+        self._fit_start, self._resume_rng = None, None
+        self._opened, self._resumed_from, self._warned, self._saved_step = False, None, False, None
+        self._in_epoch, self._epoch_ended = None, False
+
+    # ---- the run directory
     @property
     def dir(self) -> Path: return self.run.path
     @property
@@ -687,9 +717,7 @@ class _CheckpointRun:
         self.run.close()
         self._opened = False
 
-# %% ../nbs/06_checkpoint.ipynb #16494a1e
-class _CheckpointSaving(_CheckpointRun):
-    "How the `Checkpoint` hook saves: when, which checkpoint is the best, and what a signal does."
+    # ---- saving
     def save(self, position=None, stopped: str | None = None) -> Path:
         """Save a checkpoint now (every process must call this, at a step boundary); returns its path. A step saved
         already in this fit is not saved again."""
@@ -732,6 +760,7 @@ class _CheckpointSaving(_CheckpointRun):
                           f"no valid_dl: no checkpoint is marked best{nothing} (give the trainer a valid_dl, or pass "
                           "monitor=None)", TrainerWarning)
 
+    # ---- signals
     def _catch_signals(self):
         "Save and stop at the next step on SIGTERM and SIGINT (on the main thread only: where signals arrive)."
         if threading.current_thread() is threading.main_thread():
@@ -760,17 +789,7 @@ class _CheckpointSaving(_CheckpointRun):
         if signum == signal.SIGINT: raise KeyboardInterrupt(f"{name}: saved {self.last} and stopped")
         raise SystemExit(128 + signum)
 
-def _check_checkpoint_args(config, mode, keep_last, every_steps):
-    if config is not None and not isinstance(config, Mapping): raise TypeError(f"config must be a dict, got {config!r}")
-    if config is not None and 'trainer' in config:
-        raise ValueError("The config key 'trainer' is reserved for what the trainer knows: rename it")
-    if mode not in ('min', 'max'): raise ValueError(f"mode must be 'min' or 'max', got {mode!r}")
-    if keep_last is not None and keep_last < 1: raise ValueError(f"keep_last must be >= 1 or None, got {keep_last}")
-    if every_steps is not None and every_steps < 1: raise ValueError(f"every_steps must be >= 1, got {every_steps}")
-
-# %% ../nbs/06_checkpoint.ipynb #162820ec
-class _CheckpointEvents(_CheckpointSaving):
-    "What the `Checkpoint` hook does at each event."
+    # ---- events
     def before_fit(self):
         t = self.trainer
         plan = t.resumed   # a `ResumePlan` when this fit resumes a checkpoint
@@ -847,197 +866,17 @@ class _CheckpointEvents(_CheckpointSaving):
                 t.cancelled is not None and not isinstance(t.cancelled, CancelFit)):
             load_weights(t, self.best)
 
-# %% ../nbs/06_checkpoint.ipynb #8b07469b
-class Checkpoint(_CheckpointEvents, Hook):
-    """Save the trainer every `every_steps` steps / `every_seconds` seconds / epoch end; keep the last `keep_last` and
-    the best."""
-    order = 85   # after the hooks whose state it saves (Recorder 10, MetricsLog 80, EarlyStopping 82)
-    in_dev_run = False   # `fit(fast_dev_run=True)` writes nothing
-
-    def __init__(self, dir, every_steps: int | None = None, every_seconds: float | None = None,
-                 at_epoch_end: bool = True, keep_last: int | None = 3,
-                 monitor: str | None = 'valid_loss', mode: str = 'min', load_best_at_end: bool = False,
-                 handle_signals: bool = True, checksum: bool = True, lock: bool = True,
-                 config: dict | None = None,    # the run's config, written to `dir/config.json` (see `run_config`)
-                 replay_batches: bool = False): # a mid-epoch resume loads and discards the batches done (see above)
-        _check_checkpoint_args(config, mode, keep_last, every_steps)
-        self.run = RunDir(dir, lock)
-        self.every_steps, self.every_seconds, self.at_epoch_end = every_steps, every_seconds, at_epoch_end
-        self.keep_last, self.monitor, self.mode, self.load_best_at_end = keep_last, monitor, mode, load_best_at_end
-        self.handle_signals, self.checksum, self.config = handle_signals, checksum, config
-        self.replay_batches = replay_batches
-        self.best_value, self.best_name, self.saved = None, None, []   # saved: this fit's checkpoints, oldest first
-        self._signal, self._old_handlers, self._epoch_rng = None, {}, None
-        self._fit_start, self._resume_rng = None, None
-        self._opened, self._resumed_from, self._warned, self._saved_step = False, None, False, None
-        self._in_epoch, self._epoch_ended = None, False
-
+    # ---- checkpoint state
     def state_dict(self) -> dict: return {'best_value': self.best_value, 'best_name': self.best_name}
     def load_state_dict(self, d: dict): self.best_value, self.best_name = d['best_value'], d['best_name']
 
-# %% ../nbs/06_checkpoint.ipynb #0871f29a
-def _epoch_end_checkpoint(t, epoch: int) -> Path | None:
-    "The checkpoint a `Checkpoint` hook of `t` saved at the end of `epoch` (None if there is none)."
-    for h in checkpoint_hooks(t):
+# %% ../nbs/06_checkpoint.ipynb #33f0c8d0
+def epoch_end_checkpoint(trainer, epoch: int) -> Path | None:
+    """The checkpoint a `Checkpoint` hook of `trainer` saved at the end of `epoch` (`state.epoch`, counted from 0);
+    None if there is none (or it was rotated away)."""
+    for h in checkpoint_hooks(trainer):
         for p in reversed(list_checkpoints(h.dir)):
             try: position = json.loads((p / _STATE).read_text())['position']
             except (OSError, ValueError, KeyError): continue
             if position == [epoch + 1, 0]: return p
     return None
-
-class EarlyStopping(Hook):
-    """Stop the fit when `monitor` has not improved by more than `min_delta` for `patience` epochs; `restore_best`: end
-    every fit with the weights of the best epoch. `best_epoch` is that epoch's `state.epoch` (counted from 0, as the
-    loop counts); its messages, like the history, count epochs from 1."""
-    order = 82   # after MetricsLog (the last epoch is logged), before Checkpoint (which saves its state; when this
-                # stops the fit, Checkpoint saves the finished epoch in after_cancel, marked as where the fit stopped)
-
-    def __init__(self, monitor: str = 'valid_loss', mode: str = 'min', patience: int = 3, min_delta: float = 0.,
-                 restore_best: bool = False):
-        if mode not in ('min', 'max'): raise ValueError(f"mode must be 'min' or 'max', got {mode!r}")
-        self.monitor, self.mode, self.patience, self.min_delta = monitor, mode, patience, abs(min_delta)
-        self.restore_best, self._best_weights = restore_best, None   # (a CPU copy of the best epoch's weights)
-        self.best, self.best_epoch, self.wait = None, None, 0
-
-    def state_dict(self) -> dict: return {'best': self.best, 'best_epoch': self.best_epoch, 'wait': self.wait}
-    def load_state_dict(self, d: dict):
-        self.best, self.best_epoch, self.wait, self._best_weights = d['best'], d['best_epoch'], d['wait'], None
-
-    def before_fit(self): check_monitor(self.trainer, self.monitor, 'EarlyStopping')   # (a name no epoch will report)
-
-    def after_epoch(self):
-        t = self.trainer
-        res = t.epoch_results
-        if self.monitor not in res:
-            raise KeyError(f"EarlyStopping monitors {self.monitor!r}, not among this epoch's results {list(res)}")
-        v = float(res[self.monitor])
-        better = self.best is None or (
-            v < self.best - self.min_delta if self.mode == 'min' else v > self.best + self.min_delta)
-        if better:
-            self.best, self.best_epoch, self.wait = v, t.state.epoch, 0
-            if self.restore_best:
-                sd = t.unwrapped_model.state_dict()
-                self._best_weights = {k: v.detach().to('cpu', copy=True) for k, v in sd.items()}
-        else: self.wait += 1
-        stop = self.wait >= self.patience
-        acc = t.accelerator
-        if acc.num_processes > 1:
-            from accelerate.utils import broadcast
-            stop = bool(broadcast(torch.tensor([float(stop)], device=acc.device), from_process=0).item())
-        if stop:
-            raise CancelFit(f"Early stopping: {self.monitor} has not improved by more than {self.min_delta} for "
-                            f"{self.wait} epochs (best {self.best:.6g} at epoch {self.best_epoch + 1})")
-
-    def after_fit(self):
-        t = self.trainer
-        if not self.restore_best or self.best_epoch is None: return
-        if t.cancelled is not None and not isinstance(t.cancelled, CancelFit): return   # an error: weights left as is
-        if self._best_weights is not None:
-            t.unwrapped_model.load_state_dict(self._best_weights)
-            return
-        path = _epoch_end_checkpoint(t, self.best_epoch)   # a resumed fit: the best epoch was before the restart
-        if path is not None: load_weights(t, path)
-        else: warnings.warn(f"EarlyStopping(restore_best=True): the weights of the best epoch ({self.best_epoch + 1}) "
-                            "are neither in memory (it came before a resume) nor in a checkpoint (rotated away?): "
-                            "the model keeps its last weights. A Checkpoint monitoring the same metric keeps them",
-                            TrainerWarning)
-
-# %% ../nbs/06_checkpoint.ipynb #c2ac2e3d
-def _json_value(v):
-    "A value for a JSON line: numbers and lists as `to_plain` makes them, a non-finite float as null."
-    v = to_plain(v)
-    return None if isinstance(v, float) and not math.isfinite(v) else v
-
-_COUNTERS = ('kind', 'step', 'epoch', 'iteration', 'samples', 'time')
-
-class _MetricsFile:
-    "`MetricsLog`'s file: writing a record (and sending it to the trackers), cutting it back after a resume."
-    def state_dict(self) -> dict:
-        if self._f is not None: self._f.flush()
-        return {'bytes': self.path.stat().st_size if self.path.exists() else 0, 'lo': self._lo}
-
-    def load_state_dict(self, d: dict):
-        self._cut, self._lo = d['bytes'], d['lo']   # the file is cut back when the fit starts, not before
-
-    def _cut_back(self):
-        "Drop the lines written after the checkpoint this fit resumes from."
-        cut, self._cut = self._cut, None
-        if cut is not None and self.path.exists() and self.path.stat().st_size > cut:
-            with open(self.path, 'r+b') as f: f.truncate(cut)
-
-    def _write(self, rec: dict):
-        rec = {k: _json_value(v) for k, v in rec.items()}
-        self._f.write(json.dumps(rec) + '\n')
-        self._f.flush()
-        acc = self.trainer.accelerator
-        if self._send and acc.trackers:   # numbers only, named 'train/loss', 'epoch/valid_loss', ...
-            pre = {'train': 'train/', 'valid': 'valid/'}.get(rec['kind'], 'epoch/')
-            vals = {pre + k: v for k, v in rec.items()
-                    if k not in _COUNTERS and isinstance(v, (int, float)) and not isinstance(v, bool)}
-            if vals: acc.log(vals, step=rec['step'])
-
-# %% ../nbs/06_checkpoint.ipynb #3d83a155
-class MetricsLog(_MetricsFile, MainProcessHook):
-    """Append one JSON line per epoch and per `every_steps` optimizer steps to `path`, and log them to Accelerate's
-    trackers (main process only)."""
-    order = 80
-    in_dev_run = False   # `fit(fast_dev_run=True)` writes nothing
-
-    def __init__(self, path, every_steps: int | None = 50,
-                 trackers: bool = True):   # also send the records to `trainer.accelerator`'s started trackers
-        p = Path(path)
-        self.path = p / 'metrics.jsonl' if p.is_dir() or not p.suffix else p
-        self.every_steps, self.trackers, self._send = every_steps, trackers, trackers
-        self._f, self._lo, self._t0, self._cut = None, None, None, None
-
-    def before_fit(self):
-        acc = self.trainer.accelerator
-        # a hook that sends to the trackers itself (`Trackers`, which `Trainer(log_with=)` adds): nothing sent twice
-        self._send = self.trackers and not any(getattr(h, 'logs_to_trackers', False) for h in self.trainer.hooks)
-        if self._send and getattr(acc, 'log_with', None) and not acc.trackers:
-            warnings.warn(f"The Accelerator has log_with={[str(x) for x in acc.log_with]} but no tracker started: call "
-                          "accelerator.init_trackers(project_name) before fit for MetricsLog to log to them",
-                          TrainerWarning)
-        self.path.parent.mkdir(parents=True, exist_ok=True)
-        self._cut_back()
-        self._f, self._t0 = open(self.path, 'a'), time.time()
-        if self._lo is None: self._lo = len(self.trainer.losses)
-
-    def after_step(self):
-        if self.every_steps is None or self.trainer.state.step % self.every_steps: return
-        t, s = self.trainer, self.trainer.state
-        t.flush_losses()
-        self._write({'kind': 'train', 'step': s.step, 'epoch': s.epoch + 1,   # the epoch it is in, counted from 1
-                     'iteration': s.iteration, 'samples': s.samples,
-                     'loss': t.losses.mean(self._lo), 'lr': t.opt.param_groups[0]['lr'],
-                     'time': time.time() - self._t0})
-        self._lo = len(t.losses)
-
-    def after_epoch(self):
-        s = self.trainer.state
-        self._write({'kind': 'epoch', 'step': s.step, 'iteration': s.iteration, **self.trainer.epoch_results})
-
-    def after_valid(self):
-        "A validation inside an epoch (`fit(eval_every=)`): one line of kind 'valid'."
-        t, s = self.trainer, self.trainer.state
-        if t.phase != 'valid_step': return   # (an epoch's end: `after_epoch` writes it)
-        self._write({'kind': 'valid', 'step': s.step, 'epoch': s.epoch + 1, 'iteration': s.iteration,
-                     **t.valid_results})
-
-    def after_fit(self):
-        if self._f is not None: self._f.close()
-        self._f, self._lo = None, None
-
-# %% ../nbs/06_checkpoint.ipynb #54468284
-def read_metrics(path):
-    """`metrics.jsonl` (a file, or a directory holding one) as a `pandas.DataFrame`; a last line cut by a crash is
-    skipped."""
-    import pandas as pd
-    p = Path(path)
-    if p.is_dir(): p = p / 'metrics.jsonl'
-    rows = []
-    with open(p) as f:
-        for line in f:
-            try: rows.append(json.loads(line))
-            except ValueError: continue
-    return pd.DataFrame(rows)

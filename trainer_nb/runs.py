@@ -14,7 +14,8 @@ __all__ = ['RECORD', 'kernel_runs', 'RunRecorder', 'read_run', 'results_of', 'co
 # %% ../nbs/17_runs.ipynb #6bf17c3d
 import numpy as np
 from .base import CancelFit, MainProcessHook, TrainerWarning, smooth, to_plain
-from .checkpoint import MetricsLog, checkpoint_hooks, run_config
+from .checkpoint import checkpoint_hooks, run_config
+from .monitor import MetricsLog
 from .progress import fmt_time
 from .recorder import Recorder, static_bundle, tick_label
 
