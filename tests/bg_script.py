@@ -13,7 +13,8 @@ from safetensors.torch import save_file
 from torch.utils.data import DataLoader, TensorDataset
 
 from trainer_nb.base import Hook
-from trainer_nb.checkpoint import Checkpoint, MetricsLog
+from trainer_nb.checkpoint import Checkpoint
+from trainer_nb.monitor import MetricsLog
 from trainer_nb.core import Trainer
 
 

@@ -17,7 +17,9 @@ import torch
 import torch.nn.functional as F
 from torch.utils.data import DataLoader, TensorDataset
 
-from trainer_nb.checkpoint import Checkpoint, EarlyStopping, MetricsLog
+from trainer_nb.checkpoint import Checkpoint
+
+from trainer_nb.monitor import EarlyStopping, MetricsLog
 from trainer_nb.base import Hook
 from trainer_nb.core import Trainer
 

@@ -16,7 +16,9 @@ import torch.nn.functional as F
 from safetensors.torch import save_file
 from torch.utils.data import DataLoader, TensorDataset
 
-from trainer_nb.checkpoint import Checkpoint, MetricsLog, read_metrics
+from trainer_nb.checkpoint import Checkpoint
+
+from trainer_nb.monitor import MetricsLog, read_metrics
 from trainer_nb.base import Hook
 from trainer_nb.core import Trainer
 from trainer_nb.recorder import Recorder

@@ -13,7 +13,8 @@ import torch.nn.functional as F
 from torch.utils.data import DataLoader, TensorDataset
 
 from trainer_nb.base import Hook
-from trainer_nb.checkpoint import Checkpoint, MetricsLog
+from trainer_nb.checkpoint import Checkpoint
+from trainer_nb.monitor import MetricsLog
 from trainer_nb.core import Trainer
 from trainer_nb.recorder import Recorder
 from trainer_nb.runs import RunRecorder

@@ -16,7 +16,8 @@ from conftest import REPO, regression_ds
 from test_stop import Dropout, LRs, weights
 
 from trainer_nb.base import Hook
-from trainer_nb.checkpoint import Checkpoint, MetricsLog, read_metrics
+from trainer_nb.checkpoint import Checkpoint
+from trainer_nb.monitor import MetricsLog, read_metrics
 from trainer_nb.core import FitStopped, Trainer
 from trainer_nb.recorder import Recorder
 

@@ -7,7 +7,8 @@ from safetensors.torch import load_file
 from torch.utils.data import DataLoader
 
 from conftest import regression_ds, small_model
-from trainer_nb.checkpoint import Checkpoint, EarlyStopping, list_checkpoints
+from trainer_nb.checkpoint import Checkpoint, list_checkpoints
+from trainer_nb.monitor import EarlyStopping
 from trainer_nb.base import Hook
 from trainer_nb.core import Trainer
 

@@ -369,7 +369,8 @@ def test_lock_file(tmp_path):
 
 def test_refused_resume_changes_nothing(tmp_path):
     "A second run resuming in a directory whose live run holds the lock is refused before it reads or changes anything."
-    from trainer_nb.checkpoint import Checkpoint, MetricsLog
+    from trainer_nb.checkpoint import Checkpoint
+    from trainer_nb.monitor import MetricsLog
     make(tmp_path, [MetricsLog(tmp_path, every_steps=2), Checkpoint(tmp_path, every_steps=4)]).fit(2)
     with open(tmp_path / 'metrics.jsonl', 'a') as f: f.write('{"kind": "train", "step": 14}\n')   # the live run goes on
     files = {p: p.read_bytes() for p in tmp_path.rglob('*') if p.is_file()}
@@ -441,7 +442,7 @@ def test_stale_lock_one_winner_when_runs_start_at_once(tmp_path):
 
 
 def test_early_stopping(tmp_path):
-    from trainer_nb.checkpoint import EarlyStopping
+    from trainer_nb.monitor import EarlyStopping
     from trainer_nb.base import CancelFit
     from trainer_nb.recorder import Recorder
     vals = iter([1., 2., 2.05, 1.9, 1.8, 3., 3.])
@@ -455,7 +456,8 @@ def test_early_stopping(tmp_path):
 
 def test_early_stopping_saves_the_last_epoch_resume_trains_nothing(tmp_path):
     "EarlyStopping's CancelFit comes before Checkpoint's after_epoch: the epoch it stops at is saved all the same."
-    from trainer_nb.checkpoint import Checkpoint, EarlyStopping, MetricsLog, list_checkpoints
+    from trainer_nb.checkpoint import Checkpoint, list_checkpoints
+    from trainer_nb.monitor import EarlyStopping, MetricsLog
     from trainer_nb.base import CancelFit, Hook
     snaps = {}
     class Snap(Hook):
@@ -593,7 +595,7 @@ def test_monitor_absent_warns_once(tmp_path):
 
 
 def test_metrics_log_and_reader(tmp_path):
-    from trainer_nb.checkpoint import MetricsLog, read_metrics
+    from trainer_nb.monitor import MetricsLog, read_metrics
     t = make(tmp_path, [MetricsLog(tmp_path, every_steps=4)])
     t.fit(2)
     with open(tmp_path / 'metrics.jsonl', 'a') as f: f.write('{"kind": "train", "st')   # a line cut by a crash
@@ -668,7 +670,7 @@ def test_metrics_log_to_tensorboard(tmp_path):
     pytest.importorskip('tensorboard')
     from accelerate import Accelerator
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
-    from trainer_nb.checkpoint import MetricsLog, read_metrics
+    from trainer_nb.monitor import MetricsLog, read_metrics
     def mae(preds, targets): return (preds - targets).abs().mean()
     acc = Accelerator(log_with='tensorboard', project_dir=str(tmp_path / 'tb'))
     acc.init_trackers('run1')
@@ -691,7 +693,7 @@ def test_metrics_log_to_tensorboard(tmp_path):
 def test_metrics_log_trackers_not_started_warns(tmp_path):
     pytest.importorskip('tensorboard')
     from accelerate import Accelerator
-    from trainer_nb.checkpoint import MetricsLog
+    from trainer_nb.monitor import MetricsLog
     acc = Accelerator(log_with='tensorboard', project_dir=str(tmp_path / 'tb'))
     with pytest.warns(UserWarning, match=r"log_with=\['tensorboard'\] but no tracker started"):
         make(tmp_path, [MetricsLog(tmp_path)], accelerator=acc).fit(1)

@@ -67,7 +67,7 @@ def test_resume_is_bitwise_equal_on_both_processes_and_to_uninterrupted(runs):
         assert r['state'] == ref[0]['state']
         assert r['state']['iteration'] == 18 and r['state']['epoch'] == 2   # early stopping: 3 epochs of 6
     # the metrics log: the same lines as the uninterrupted run's, each step once
-    from trainer_nb.checkpoint import read_metrics
+    from trainer_nb.monitor import read_metrics
     a, b = read_metrics(runs['ref_dir']).drop(columns='time'), read_metrics(runs['run_dir']).drop(columns='time')
     pd.testing.assert_frame_equal(a, b)
     assert list(b[b.kind == 'train'].step) == list(range(2, 19, 2)) and list(b[b.kind == 'epoch'].step) == [6, 12, 18]

@@ -1,4 +1,4 @@
-"""Trainer(compile=...): the model compiled once (checkpoints keep its own names, resume works), the first step timed,
+"""Trainer(compile=...): the model compiled once (checkpoints keep its own names, resume works), the first batch timed,
 and no graph break from our code inside a compiled forward (`log_scalar`), checked with torch._dynamo.explain."""
 import pytest
 import torch
@@ -35,7 +35,7 @@ def test_compiled_trainer_checkpoint_resume_and_weights(tmp_path, capsys):
                        compile=compile, hooks=[Checkpoint(d, every_steps=4)], default_hooks=False)
     c = make({'backend': 'eager'}, tmp_path / 'c')
     c.fit(2)
-    assert 'compiled the model: the first step took' in capsys.readouterr().out and c.compile_time > 0
+    assert 'compiled the model: the first batch took' in capsys.readouterr().out and c.compile_time > 0
     p = make(False, tmp_path / 'p')
     p.fit(2)
     assert torch.allclose(flat(c.model), flat(p.model), atol=1e-6)

@@ -14,7 +14,7 @@ pytestmark = pytest.mark.usefixtures('fresh_accelerate')
 
 
 def test_log_from_step_model_and_hook_into_history_and_metrics_jsonl(tmp_path):
-    from trainer_nb.checkpoint import MetricsLog, read_metrics
+    from trainer_nb.monitor import MetricsLog, read_metrics
     from trainer_nb.core import Hook, Trainer, log_scalar
     from trainer_nb.recorder import Recorder
     seen = {'out_mean': [], 'x_abs': []}

@@ -98,7 +98,8 @@ def test_non_scalar_results_are_recorded_logged_and_checkpointed(tmp_path):
     "A confusion matrix and a collection through a fit with the default hooks, a MetricsLog and a Checkpoint."
     from torchmetrics import MetricCollection
     from torchmetrics.classification import MulticlassAccuracy, MulticlassConfusionMatrix
-    from trainer_nb.checkpoint import Checkpoint, MetricsLog, read_metrics
+    from trainer_nb.checkpoint import Checkpoint
+    from trainer_nb.monitor import MetricsLog, read_metrics
     from trainer_nb.core import Trainer
     g = torch.Generator().manual_seed(0)
     x = torch.randn(96, 8, generator=g)

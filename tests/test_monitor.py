@@ -40,7 +40,7 @@ def test_result_names():
     ('val_loss', False, "did you mean 'valid_loss', which only validation reports"),
 ])
 def test_early_stopping_on_a_name_no_epoch_reports_is_refused_before_training(monitor, valid, match):
-    from trainer_nb.checkpoint import EarlyStopping
+    from trainer_nb.monitor import EarlyStopping
     t = make([EarlyStopping(monitor)], valid)
     with pytest.raises(ValueError, match=match): t.fit(2)
     assert t.state.iteration == 0
@@ -58,7 +58,7 @@ def test_checkpoint_refuses_a_name_no_epoch_reports_and_warns_for_its_default(tm
 
 def test_names_known_only_once_reported_still_work():
     "A value the model logs (`log_scalar` in its forward) is known only once it is logged: monitoring it works."
-    from trainer_nb.checkpoint import EarlyStopping
+    from trainer_nb.monitor import EarlyStopping
     from trainer_nb.workflow import PlateauLR
     es = EarlyStopping('out_mean', patience=10)
     t = make([es, PlateauLR('train_loss')], valid=False, model=LoggingModel())

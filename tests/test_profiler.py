@@ -32,10 +32,10 @@ def test_profiler_numbers_in_history_and_data_wait_attributed():
                 default_hooks=False)
     t.fit(2)
     h = t.history
-    assert {'samples_per_s', 'step_ms', 'data_wait', 'peak_mem_mb'} <= set(h.columns) and len(prof.records) == 2
+    assert {'samples_per_s', 'batch_ms', 'data_wait', 'peak_mem_mb'} <= set(h.columns) and len(prof.records) == 2
     for r in prof.records:
         # 6 batches, each waiting 30 ms for its data, against steps of a 5-8-1 MLP: the wait is most of the time
-        assert 0.5 < r['data_wait'] < 1 and r['step_ms'] > 0 and r['samples_per_s'] > 0
+        assert 0.5 < r['data_wait'] < 1 and r['batch_ms'] > 0 and r['samples_per_s'] > 0
         assert r['peak_mem_mb'] > 10   # the process's peak resident size on the CPU
     # samples/s is the epoch's 48 samples over its training time, which the data wait bounds from below
     assert all(r['samples_per_s'] < 48 / (6 * 0.03) for r in prof.records)
@@ -43,6 +43,31 @@ def test_profiler_numbers_in_history_and_data_wait_attributed():
     p2.load_state_dict(json.loads(json.dumps(prof.state_dict())))
     assert p2.records == prof.records
 
+
+
+def test_step_ms_is_batch_ms_under_its_old_name():
+    """`step_ms` was the mean time of a batch: named `batch_ms` now; a record still reads the old key for a year (with a
+    DeprecationWarning), and records saved under it (a checkpoint's) load as `batch_ms`."""
+    import warnings
+    from trainer_nb.core import Trainer
+    from trainer_nb.hooks import Profiler
+    prof = Profiler()
+    t = Trainer(small_model(), DataLoader(regression_ds(), batch_size=8), loss_func=F.mse_loss, hooks=[prof],
+                default_hooks=False, grad_accum=2)
+    t.fit(1)
+    r = prof.records[0]
+    assert 'step_ms' not in t.epoch_results and r['batch_ms'] > 0
+    with pytest.warns(DeprecationWarning, match="'step_ms' is now 'batch_ms'"):
+        assert r['step_ms'] == r['batch_ms']
+    with pytest.raises(KeyError):
+        r['no_such_key']
+    old = Profiler()
+    old.load_state_dict(json.loads(json.dumps({'records': [{'samples_per_s': 1., 'step_ms': 2., 'data_wait': 0.,
+                                                            'peak_mem_mb': 3.}]})))
+    assert old.records == [{'samples_per_s': 1., 'batch_ms': 2., 'data_wait': 0., 'peak_mem_mb': 3.}]
+    with warnings.catch_warnings():
+        warnings.simplefilter('error')   # the new name warns about nothing
+        assert old.records[0]['batch_ms'] == 2.
 
 def test_profiler_changes_nothing_in_training():
     from trainer_nb.core import Trainer

@@ -7,7 +7,8 @@ import torch.nn.functional as F
 from torch.utils.data import DataLoader, IterableDataset
 
 from conftest import regression_ds, small_model
-from trainer_nb.checkpoint import Checkpoint, MetricsLog
+from trainer_nb.checkpoint import Checkpoint
+from trainer_nb.monitor import MetricsLog
 from trainer_nb.core import EVENTS, Hook, Trainer
 from trainer_nb.recorder import Recorder
 from trainer_nb.schedule import one_cycle

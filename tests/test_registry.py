@@ -10,7 +10,8 @@ import torch
 import torch.nn.functional as F
 
 from trainer_nb.core import Trainer
-from trainer_nb.checkpoint import Checkpoint, EarlyStopping, MetricsLog
+from trainer_nb.checkpoint import Checkpoint
+from trainer_nb.monitor import EarlyStopping, MetricsLog
 from trainer_nb.recorder import Recorder
 from trainer_nb.registry import (DEFAULTS, KINDS, ConfigError, RegistryKeyError, apply_overrides, build_trainer,
                                  load_config, lookup, register, registry, resolve_config)

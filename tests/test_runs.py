@@ -17,7 +17,8 @@ from torch.utils.data import DataLoader
 
 from conftest import REPO, VENV_BIN, regression_ds, small_model
 from trainer_nb.base import Hook
-from trainer_nb.checkpoint import Checkpoint, MetricsLog, read_metrics
+from trainer_nb.checkpoint import Checkpoint
+from trainer_nb.monitor import MetricsLog, read_metrics
 from trainer_nb.core import Trainer
 from trainer_nb.recorder import Recorder
 from trainer_nb.runs import RECORD, RunRecorder, compare, kernel_runs, read_run, runs

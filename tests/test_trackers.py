@@ -6,7 +6,7 @@ import torch.nn.functional as F
 from torch.utils.data import DataLoader
 
 from conftest import regression_ds, small_model
-from trainer_nb.checkpoint import MetricsLog, read_metrics
+from trainer_nb.monitor import MetricsLog, read_metrics
 from trainer_nb.core import Trainer
 from trainer_nb.recorder import Recorder
 from trainer_nb.trackers import Trackers

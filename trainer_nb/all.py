@@ -14,6 +14,7 @@ from .progress import *
 from .liveplot import *
 from .lr_find import *
 from .checkpoint import *
+from .monitor import *
 from .registry import *
 from .cli import *
 from .launch import *

@@ -208,31 +208,8 @@ def _own(m) -> list: return [p for p in m.parameters(recurse=False) if p.require
 def _nan() -> torch.Tensor: return torch.tensor(math.nan)
 def _norm(ts) -> torch.Tensor: return total_norm(ts) if ts else _nan()
 
-class _Reading:
-    "What `LayerStats` gives back: its samples as a table, a picture, their size."
-    @property
-    def nbytes(self) -> int:
-        "The bytes its samples take (fixed by `keep` and the number of modules)."
-        return 0 if self.samples is None else self.samples.nbytes
-
-    def plot(self, which=('act_std', 'near_zero', 'update_ratio')):
-        "Heat maps of the statistics per layer over the steps (`plot_layer_stats`)."
-        return plot_layer_stats(self, which)
-
-    def to_frame(self, since: int = 0):
-        "One row per sample and module (after step `since`): `step`, `layer` and the statistics (see above)."
-        import pandas as pd   # (importing the library does not import pandas)
-        s = self.samples
-        if s is None: return pd.DataFrame(columns=['step', 'layer', *STATS])
-        keep = s.steps[:s.len] > since
-        steps, data = s.steps[:s.len][keep], s.data[:s.len][keep]
-        df = pd.DataFrame(data.reshape(-1, len(STATS)), columns=list(STATS))
-        df.insert(0, 'layer', np.tile(self.names, len(steps)))
-        df.insert(0, 'step', np.repeat(steps, len(self.names)))
-        return df
-
 # %% ../nbs/18_inside.ipynb #b43aa32f
-class LayerStats(_Reading, MainProcessHook):
+class LayerStats(MainProcessHook):
     "Per-layer statistics every `every` optimizer steps (see above): `to_frame()`, `plot()`, a summary per epoch."
     order = 5   # after the schedule's and the recorder's hooks
 
@@ -297,6 +274,28 @@ class LayerStats(_Reading, MainProcessHook):
         self._epoch_step = self.trainer.state.step
 
     def after_fit(self): self._remove()
+
+    # ---- reading
+    @property
+    def nbytes(self) -> int:
+        "The bytes its samples take (fixed by `keep` and the number of modules)."
+        return 0 if self.samples is None else self.samples.nbytes
+
+    def plot(self, which=('act_std', 'near_zero', 'update_ratio')):
+        "Heat maps of the statistics per layer over the steps (`plot_layer_stats`)."
+        return plot_layer_stats(self, which)
+
+    def to_frame(self, since: int = 0):
+        "One row per sample and module (after step `since`): `step`, `layer` and the statistics (see above)."
+        import pandas as pd   # (importing the library does not import pandas)
+        s = self.samples
+        if s is None: return pd.DataFrame(columns=['step', 'layer', *STATS])
+        keep = s.steps[:s.len] > since
+        steps, data = s.steps[:s.len][keep], s.data[:s.len][keep]
+        df = pd.DataFrame(data.reshape(-1, len(STATS)), columns=list(STATS))
+        df.insert(0, 'layer', np.tile(self.names, len(steps)))
+        df.insert(0, 'step', np.repeat(steps, len(self.names)))
+        return df
 
 # %% ../nbs/18_inside.ipynb #5501d748
 def out_of_range(df, dead: float = 0.9, fast: float = 0.1) -> str:

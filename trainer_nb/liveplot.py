@@ -57,6 +57,12 @@ function logTicks(lo, hi) {   // powers of ten (every few when there are many de
   }
   return out;
 }
+function marks(lr, d) {   // each `set(lr=)` of the fit: a dot at its step and new rate on the LR panel
+  if (!d.change_step || !d.change_step.length) return lr;
+  lr.series.push({x: d.change_step, y: d.change_lr, color: COLORS[3], dots: true, line: false, label: 'set(lr=)'});
+  lr.legend = true;
+  return lr;
+}
 function fmt(v) {   // a tick's label: short, exponent form for small and large numbers
   if (v === 0) return '0';
   const a = Math.abs(v);
@@ -181,11 +187,7 @@ function panels(spec, d, lims) {   // what each panel shows, its axis limits kep
     {x, y: d.loss, color: COLORS[0], alpha: 0.25, width: 0.8},
     {x, y: d.smooth, color: COLORS[0], width: 1.6, label: 'train (smoothed)'},
     {x: d.valid_step, y: d.valid_loss, color: COLORS[1], width: 1.4, dots: true, label: 'valid'}]};
-  const lr = {title: 'learning rate', series: [{x, y: d.lr, color: COLORS[2], width: 1.6}]};
-  if (d.change_step && d.change_step.length) {   // each `set(lr=)` of the fit: a dot at its step and new rate
-    lr.series.push({x: d.change_step, y: d.change_lr, color: COLORS[3], dots: true, line: false, label: 'set(lr=)'});
-    lr.legend = true;
-  }
+  const lr = marks({title: 'learning rate', series: [{x, y: d.lr, color: COLORS[2], width: 1.6}]}, d);
   const ps = [loss, lr], metrics = spec.metrics || [];
   if (metrics.length) ps.push({title: metrics.length === 1 ? metrics[0] : 'metrics', legend: metrics.length > 1,
     series: metrics.map((m, i) => ({x: d['step:' + m], y: d[m], color: COLORS[3 + i % 5], width: 1.4, dots: true,
@@ -306,7 +308,8 @@ def _panels(frame: dict) -> list[tuple]:
             (s['smooth'], s['valid_loss']))
     lr = ('learning rate', False, [(s['step'], s['lr'], dict(color='C2', lw=1.6))], (s['lr'],))
     if len(s.get('change_step', ())):   # each `set(lr=)`: a dot at its step and new rate
-        lr[2].append((s['change_step'], s['change_lr'], dict(color='C3', ls='none', marker='o', ms=5, label='set(lr=)')))
+        dots = dict(color='C3', ls='none', marker='o', ms=5, label='set(lr=)')
+        lr[2].append((s['change_step'], s['change_lr'], dots))
     ms = [(s['step:' + n], s[n], dict(color=f'C{3 + i % 5}', lw=1.4, marker='o', ms=4, label=n))
           for i, n in enumerate(names)]
     ps = [loss, lr, (names[0] if len(names) == 1 else 'metrics', False, ms, tuple(m[1] for m in ms))]

@@ -334,20 +334,6 @@ def _level(check: dict) -> tuple[float, float] | None:
     while e < len(lrs) - 1 and check[lrs[e + 1]] <= top: e += 1
     return lrs[a], lrs[e]
 
-class _CheckReading:
-    "What the check's scores say beyond its pick (a base class of `LRFindResult`)."
-    @property
-    def level(self) -> tuple[float, float] | None:
-        """`(lo, hi)`: the LRs of the check around its best that scored within 10% of it (`CHECK_LEVEL`), the best
-        included; None when the check picked nothing. Wide (a decade or more): a flat bottom, where LRs train alike."""
-        return _level(self.check) if self.checked is not None else None
-
-    @property
-    def flat(self) -> tuple[float, float] | None:
-        "`level` when it spans a decade or more (a flat bottom: the verdict says so, the plot shades it), else None."
-        lv = self.level
-        return lv if lv is not None and math.log10(lv[1] / lv[0]) >= 1 - 1e-9 else None
-
 # %% ../nbs/05_lr_find.ipynb #1215a3ba
 def _check(trainer, res, ratios, steps: int, n_runs: int = CHECK_RUNS, bar=None) -> tuple[dict, dict, float | None]:
     """`({candidate lr: score}, {candidate lr: [score of each run]}, pick or None)`: train each candidate `n_runs`
@@ -425,8 +411,115 @@ def _legend(fig, ncols: int = 2):
 
 PLOT_SIZE = {False: (5.0, 3.9), True: (3.6, 4.9)}   # inches, wide and narrow (shown at 100 CSS px an inch)
 
-class _ResultPlot:
-    "Drawing an `LRFindResult` (its base class)."
+# %% ../nbs/05_lr_find.ipynb #c58e0a19
+def _draw_check(ax, res):
+    """The check on a second y axis, on the right: each candidate's score (a circle; diverged ones left out) and the
+    range of its runs' scores (a bar); a flat bottom (`res.flat`) as a band."""
+    xs = sorted(lr for lr, v in res.check.items() if math.isfinite(v))
+    if not xs: return
+    ax2 = ax.twinx()
+    ax.set_zorder(ax2.get_zorder() + 1)   # the curve and its markers in front, the check behind them
+    ax.patch.set_visible(False)
+    runs = [[v for v in res.check_runs.get(lr, ()) if math.isfinite(v)] or [res.check[lr]] for lr in xs]
+    ax2.vlines(xs, [min(r) for r in runs], [max(r) for r in runs], color='0.45', lw=1.2)
+    ax2.plot(xs, [res.check[lr] for lr in xs], 'o-', color='0.25', lw=1, ms=5, mfc='white', zorder=3,
+             label='check score (right)')
+    ax2.set_ylabel("check: loss after a trial", color='0.25')
+    lv = res.flat
+    if lv is not None:
+        ax.axvspan(lv[0], lv[1], color='gold', alpha=0.22, lw=0, label=f"check within {CHECK_LEVEL:.0%} of best")
+
+# %% ../nbs/05_lr_find.ipynb #2a9d3cc4
+class LRFindWarning(TrainerWarning):
+    "`lr_find` found no reliable suggestion: its default is the fallback (see `LRFindResult.verdict`)."
+
+# %% ../nbs/05_lr_find.ipynb #6feed016
+@dataclass(repr=False)
+class LRFindResult:
+    "The LR sweep: `lrs`, smoothed `losses`, `raw_losses`, `suggestions`, `reliable`; `plot()`, `apply()`, `widget`."
+    lrs: list
+    losses: list
+    raw_losses: list
+    suggestions: dict
+    stop_reason: str = ''
+    trainer: object = None
+    reliable: bool = True               # False: the sweep shows no sustained descent (see `reason`)
+    reason: str = ''                    # why it is not reliable, and what to change
+    fallback: float | None = None       # the safe pick when it is not: a tenth of the largest LR before the loss rises
+    reading: SweepReading | None = None  # the curve the rules read (see `read_sweep`)
+    check: dict = field(default_factory=dict)  # the check: {candidate LR: its score (the mean of its runs')}, as run
+    check_runs: dict = field(default_factory=dict)  # {candidate LR: [the score of each of its runs]}
+    checked: float | None = None        # the check's pick: the default when there is one (see "The check")
+    check_start: float | None = None    # the check's score of the model before training (what the trials start from)
+    chosen: float | None = field(default=None, init=False)  # the LR chosen (in the widget, or `apply(lr)`); None: none
+    _widget: object = field(default=None, init=False)
+
+    # ---- the picks
+    @property
+    def valley(self) -> float: return self.suggestions['valley']
+
+    @property
+    def default(self) -> str | None:
+        """The name of the default pick: `'checked'` when the check found one, else `'fallback'` when the sweep is not
+        reliable, else `'valley'` (or the first suggestion)."""
+        if self.checked is not None: return 'checked'
+        if not self.reliable and self.fallback is not None: return 'fallback'
+        return 'valley' if 'valley' in self.suggestions else next(iter(self.suggestions), None)
+
+    @property
+    def choices(self) -> dict:
+        "The suggestions, then the default when it is not one of them (`checked` or `fallback`): `{name: lr}`."
+        d = self.default
+        extra = {'checked': self.checked} if d == 'checked' else {'fallback': self.fallback} if d == 'fallback' else {}
+        return {**self.suggestions, **extra}
+
+    def _lr(self, lr) -> float:
+        if lr is None: lr = self.default
+        if isinstance(lr, str):
+            if lr not in self.choices: raise KeyError(f"No suggestion {lr!r}; there are {list(self.choices)}")
+            lr = self.choices[lr]
+        return float(lr)
+
+    def apply(self, lr: float | str | None = None) -> float:
+        """Set `trainer.lr` to `lr` (a number or a suggestion's name: a choice, kept in `chosen`), so that the next
+        `fit` uses it, and return it. With no `lr`: the LR chosen in the widget, or the default pick where none was."""
+        if self.trainer is None: raise ValueError("This result is not tied to a trainer")
+        check_idle(self.trainer, "set the trainer's LR")
+        if lr is not None: self.chosen = self._lr(lr)
+        self.trainer.lr = lr = self._lr(self.chosen)
+        if self._widget is not None: self._widget.show_applied(lr)
+        return lr
+
+    # ---- what the check says
+    @property
+    def level(self) -> tuple[float, float] | None:
+        """`(lo, hi)`: the LRs of the check around its best that scored within 10% of it (`CHECK_LEVEL`), the best
+        included; None when the check picked nothing. Wide (a decade or more): a flat bottom, where LRs train alike."""
+        return _level(self.check) if self.checked is not None else None
+
+    @property
+    def flat(self) -> tuple[float, float] | None:
+        "`level` when it spans a decade or more (a flat bottom: the verdict says so, the plot shades it), else None."
+        lv = self.level
+        return lv if lv is not None and math.log10(lv[1] / lv[0]) >= 1 - 1e-9 else None
+
+    # ---- showing it
+    @property
+    def verdict(self) -> str:
+        "One line: is the curve to be trusted, and why (or why not); what the check found."
+        return _verdict(self)
+
+    def summary(self) -> str:
+        "The suggestions as a few lines of text, with the verdict on the curve."
+        lines = [f"LR finder: {len(self.lrs)} steps from {_lr_text(self.lrs[0])} to {_lr_text(self.lrs[-1])}"
+                 + (f" (stopped: {self.stop_reason})" if self.stop_reason not in ('', 'done') else '')]
+        lines += [f"  {k:<8} {_lr_text(v)}" + '  (default)' * (k == self.default) for k, v in self.choices.items()]
+        if self.verdict: lines.append(self.verdict)
+        if self.suggestions:
+            lines.append(f"Use one: trainer.fit(epochs, lr={_lr_text(self._lr(None))}), or result.apply() to set "
+                         "trainer.lr")
+        return '\n'.join(lines)
+
     def plot(self, path=None, lr: float | None = None, dpi: int = 150, narrow: bool = False):
         """The loss against the LR (log scale) with the suggestions; saved to `path` if given. Returns the `Figure`,
         which shows itself in a notebook. The bold curve is the one the suggestions are read from. `narrow`: a figure
@@ -465,27 +558,6 @@ class _ResultPlot:
         if path is not None: fig.savefig(path)
         return fig
 
-# %% ../nbs/05_lr_find.ipynb #c58e0a19
-def _draw_check(ax, res):
-    """The check on a second y axis, on the right: each candidate's score (a circle; diverged ones left out) and the
-    range of its runs' scores (a bar); a flat bottom (`res.flat`) as a band."""
-    xs = sorted(lr for lr, v in res.check.items() if math.isfinite(v))
-    if not xs: return
-    ax2 = ax.twinx()
-    ax.set_zorder(ax2.get_zorder() + 1)   # the curve and its markers in front, the check behind them
-    ax.patch.set_visible(False)
-    runs = [[v for v in res.check_runs.get(lr, ()) if math.isfinite(v)] or [res.check[lr]] for lr in xs]
-    ax2.vlines(xs, [min(r) for r in runs], [max(r) for r in runs], color='0.45', lw=1.2)
-    ax2.plot(xs, [res.check[lr] for lr in xs], 'o-', color='0.25', lw=1, ms=5, mfc='white', zorder=3,
-             label='check score (right)')
-    ax2.set_ylabel("check: loss after a trial", color='0.25')
-    lv = res.flat
-    if lv is not None:
-        ax.axvspan(lv[0], lv[1], color='gold', alpha=0.22, lw=0, label=f"check within {CHECK_LEVEL:.0%} of best")
-
-# %% ../nbs/05_lr_find.ipynb #3945fd39
-class _ResultDisplay:
-    "How an `LRFindResult` shows itself in a notebook: its widget, one display per call (its base class)."
     @property
     def widget(self):
         "The interactive widget (made once): plot, LR slider, and a button that applies the chosen LR."
@@ -498,81 +570,6 @@ class _ResultDisplay:
         if self._widget is None or not self._widget.live:
             from IPython.display import display
             display(self.widget)
-
-# %% ../nbs/05_lr_find.ipynb #6feed016
-class LRFindWarning(TrainerWarning):
-    "`lr_find` found no reliable suggestion: its default is the fallback (see `LRFindResult.verdict`)."
-
-@dataclass(repr=False)
-class LRFindResult(_ResultPlot, _CheckReading, _ResultDisplay):
-    "The LR sweep: `lrs`, smoothed `losses`, `raw_losses`, `suggestions`, `reliable`; `plot()`, `apply()`, `widget`."
-    lrs: list
-    losses: list
-    raw_losses: list
-    suggestions: dict
-    stop_reason: str = ''
-    trainer: object = None
-    reliable: bool = True               # False: the sweep shows no sustained descent (see `reason`)
-    reason: str = ''                    # why it is not reliable, and what to change
-    fallback: float | None = None       # the safe pick when it is not: a tenth of the largest LR before the loss rises
-    reading: SweepReading | None = None  # the curve the rules read (see `read_sweep`)
-    check: dict = field(default_factory=dict)  # the check: {candidate LR: its score (the mean of its runs')}, as run
-    check_runs: dict = field(default_factory=dict)  # {candidate LR: [the score of each of its runs]}
-    checked: float | None = None        # the check's pick: the default when there is one (see "The check")
-    check_start: float | None = None    # the check's score of the model before training (what the trials start from)
-    chosen: float | None = field(default=None, init=False)  # the LR chosen (in the widget, or `apply(lr)`); None: none
-    _widget: object = field(default=None, init=False)
-
-    @property
-    def valley(self) -> float: return self.suggestions['valley']
-
-    @property
-    def default(self) -> str | None:
-        """The name of the default pick: `'checked'` when the check found one, else `'fallback'` when the sweep is not
-        reliable, else `'valley'` (or the first suggestion)."""
-        if self.checked is not None: return 'checked'
-        if not self.reliable and self.fallback is not None: return 'fallback'
-        return 'valley' if 'valley' in self.suggestions else next(iter(self.suggestions), None)
-
-    @property
-    def choices(self) -> dict:
-        "The suggestions, then the default when it is not one of them (`checked` or `fallback`): `{name: lr}`."
-        d = self.default
-        extra = {'checked': self.checked} if d == 'checked' else {'fallback': self.fallback} if d == 'fallback' else {}
-        return {**self.suggestions, **extra}
-
-    def _lr(self, lr) -> float:
-        if lr is None: lr = self.default
-        if isinstance(lr, str):
-            if lr not in self.choices: raise KeyError(f"No suggestion {lr!r}; there are {list(self.choices)}")
-            lr = self.choices[lr]
-        return float(lr)
-
-    def apply(self, lr: float | str | None = None) -> float:
-        """Set `trainer.lr` to `lr` (a number or a suggestion's name: a choice, kept in `chosen`), so that the next
-        `fit` uses it, and return it. With no `lr`: the LR chosen in the widget, or the default pick where none was."""
-        if self.trainer is None: raise ValueError("This result is not tied to a trainer")
-        check_idle(self.trainer, "set the trainer's LR")
-        if lr is not None: self.chosen = self._lr(lr)
-        self.trainer.lr = lr = self._lr(self.chosen)
-        if self._widget is not None: self._widget.show_applied(lr)
-        return lr
-
-    @property
-    def verdict(self) -> str:
-        "One line: is the curve to be trusted, and why (or why not); what the check found."
-        return _verdict(self)
-
-    def summary(self) -> str:
-        "The suggestions as a few lines of text, with the verdict on the curve."
-        lines = [f"LR finder: {len(self.lrs)} steps from {_lr_text(self.lrs[0])} to {_lr_text(self.lrs[-1])}"
-                 + (f" (stopped: {self.stop_reason})" if self.stop_reason not in ('', 'done') else '')]
-        lines += [f"  {k:<8} {_lr_text(v)}" + '  (default)' * (k == self.default) for k, v in self.choices.items()]
-        if self.verdict: lines.append(self.verdict)
-        if self.suggestions:
-            lines.append(f"Use one: trainer.fit(epochs, lr={_lr_text(self._lr(None))}), or result.apply() to set "
-                         "trainer.lr")
-        return '\n'.join(lines)
 
     def __repr__(self):
         picks = ', '.join(f"{k}={_lr_text(v)}" for k, v in self.choices.items())
@@ -647,57 +644,6 @@ _MARKER_CSS = """<style>
 .tnb-lr-marker .noUi-handle::before, .tnb-lr-marker .noUi-handle::after { display: none !important; }
 </style>"""
 
-class _WidgetParts:
-    "What `LRFindWidget` shows and does, beside building its controls (its base class)."
-    @property
-    def chosen(self) -> float:
-        "The LR that 'Use this LR' applies, as the slider's readout shows it: a picked suggestion, or the slider value."
-        return self._pick if self._pick is not None else _round_lr(self.slider.value)
-
-    def _state_html(self) -> str:
-        import html
-        color = '#1a7f37' if self.result.reliable else '#b42318'
-        return (f'<div style="color:{color}; max-width:640px; line-height:1.4">'
-                f'{html.escape(self.result.verdict or "")}</div>')
-
-    def _picture(self, fig, slider: dict, kind: str):
-        "`(image, marker)`: the drawn `fig`, and over its axes a slider that `.slider` moves in the browser (the line)."
-        import ipywidgets as W
-        image = W.Image(value=_png(fig), format='png',
-                        layout=W.Layout(width='100%', height='auto', margin='0', grid_area='plot'))
-        marker = W.FloatLogSlider(readout=False, **slider, layout=_over_axes(fig))
-        for w, c in ((image, f'tnb-lr-{kind}'), (marker, 'tnb-lr-marker'), (marker, f'tnb-lr-{kind}')): w.add_class(c)
-        self._links.append(W.jslink((self.slider, 'value'), (marker, 'value')))   # moved by the browser alone
-        return image, marker
-
-    def _moved(self, change):
-        "A move of the slider is a choice; the browser snapping the LR the kernel put there to its steps is not."
-        if self._given is not None and abs(math.log10(change['new'] / self._given)) <= self.slider.step / 2 + 1e-9:
-            return
-        self._given = self._pick = None
-        self.picks.value = None
-        self._choose()
-
-    def _picked(self, change):
-        if change['new'] is None: return
-        self._pick = self._given = self.result.choices[change['new']]
-        self.slider.value = self._pick
-        self._choose()
-
-    def _choose(self, _=None):
-        "Apply the LR shown (`chosen`): `trainer.lr` is now it, and `result.apply()` returns it."
-        try: self.result.apply(self.chosen)
-        except RuntimeError as e: self.label.value = f"Not applied: {e}"   # a fit is running (in another thread)
-        self._tip()
-
-    def _tip(self):
-        "The button's tooltip names the LR it applies (as the kernel has it: the browser may be a move ahead)."
-        self.button.tooltip = f"Set trainer.lr to {_lr_text(self.chosen)}"
-
-    def show_applied(self, lr: float):
-        "Say under the buttons that `trainer.lr` is now `lr` (`LRFindResult.apply` calls it)."
-        self.label.value = f"trainer.lr = {_lr_text(lr)}: the next fit uses it, and apply() returns it"
-
 # %% ../nbs/05_lr_find.ipynb #4878ec78
 def _layout_css(wide: int) -> str:
     """The widget's layout: the wide picture where the widget is at least `wide` CSS px wide (as drawn), else the narrow
@@ -718,54 +664,11 @@ def _over_axes(fig):
     return W.Layout(grid_area='plot', align_self='flex-start', margin='0', left=f'{100 * x0:.3f}%',
                     top=f'{100 * (1 - y1):.3f}%', width=f'{100 * (x1 - x0):.3f}%', height=f'{100 * (y1 - y0):.3f}%')
 
-# %% ../nbs/05_lr_find.ipynb #da16638f
-class _WidgetDisplay:
-    "How `LRFindWidget` shows itself: live, then as a static record (its base class)."
-    live = False   # shown live, and the notebook has run no cell since
-    def static_bundle(self, narrow: bool = True) -> tuple[dict, dict]:
-        """`(data, metadata)`: the plot with the chosen LR's line, the verdict and what was applied, as HTML, PNG and
-        text: what stays in the notebook once it moves on (no widget model to go missing when it is reopened). With
-        `narrow`, the HTML shows the narrow plot on a screen up to 640 CSS px wide."""
-        import base64, html
-        def png(narrow):   # a figure of its own: the live picture's layout stays as it is
-            fig = self.result.plot(lr=self.chosen, narrow=narrow)
-            fig.axes[0].set_xlim(self.ax.get_xlim())
-            return base64.b64encode(_png(fig)).decode('ascii'), _css_width(fig)
-        (wide, w), applied = png(False), self.label.value
-        text = self.result.summary() + (f"\n{applied}" if applied else '')
-        img = (f'<img src="data:image/png;base64,{wide}" width="{w}" style="max-width:100%; height:auto" '
-               'alt="LR finder plot">')
-        if narrow:
-            img = (f'<picture><source media="(max-width: 640px)" srcset="data:image/png;base64,{png(True)[0]}">'
-                   f'{img}</picture>')
-        page = img + self._state_html() + (f'<div>{html.escape(applied)}</div>' if applied else '')
-        return {'text/html': page, 'image/png': wide, 'text/plain': text}, {'image/png': {'width': w}}
-
-    def _repr_mimebundle_(self, include=None, exclude=None):
-        "The live widget, with the static record beside it (its wide plot) for viewers without a widget manager."
-        data, md = self.static_bundle(narrow=False)
-        return {**data, **self.box._repr_mimebundle_(), 'text/plain': data['text/plain']}, md
-
-    def _ipython_display_(self):
-        "Show the live widget; once the notebook runs another cell, its output becomes the static record."
-        from IPython import get_ipython
-        from IPython.display import display
-        data, md = self._repr_mimebundle_()
-        handle = display(data, metadata=md, raw=True, display_id=True)
-        ip = get_ipython()
-        if ip is None or handle is None: return
-
-        def freeze(*_):
-            ip.events.unregister('pre_run_cell', freeze)
-            self.live = False
-            data, md = self.static_bundle()
-            handle.update(data, metadata=md, raw=True)
-        ip.events.register('pre_run_cell', freeze)
-        self.live = True   # on show, until the notebook runs its next cell
-
 # %% ../nbs/05_lr_find.ipynb #445ce3d3
-class LRFindWidget(_WidgetParts, _WidgetDisplay):
+class LRFindWidget:
     "Plot + verdict + LR slider + 'Use this LR' button for an `LRFindResult`; `.box` is the ipywidgets container."
+    live = False   # shown live, and the notebook has run no cell since
+
     def __init__(self, result: LRFindResult):
         import ipywidgets as W
         self.result = result
@@ -809,6 +712,99 @@ class LRFindWidget(_WidgetParts, _WidgetDisplay):
                           layout=W.Layout(max_width='100%'))
         self.box.add_class('tnb-lr-find')
         self._tip()
+
+    # ---- the LR chosen
+    @property
+    def chosen(self) -> float:
+        "The LR that 'Use this LR' applies, as the slider's readout shows it: a picked suggestion, or the slider value."
+        return self._pick if self._pick is not None else _round_lr(self.slider.value)
+
+    def show_applied(self, lr: float):
+        "Say under the buttons that `trainer.lr` is now `lr` (`LRFindResult.apply` calls it)."
+        self.label.value = f"trainer.lr = {_lr_text(lr)}: the next fit uses it, and apply() returns it"
+
+    # ---- its parts, and what a move does
+    def _state_html(self) -> str:
+        import html
+        color = '#1a7f37' if self.result.reliable else '#b42318'
+        return (f'<div style="color:{color}; max-width:640px; line-height:1.4">'
+                f'{html.escape(self.result.verdict or "")}</div>')
+
+    def _picture(self, fig, slider: dict, kind: str):
+        "`(image, marker)`: the drawn `fig`, and over its axes a slider that `.slider` moves in the browser (the line)."
+        import ipywidgets as W
+        image = W.Image(value=_png(fig), format='png',
+                        layout=W.Layout(width='100%', height='auto', margin='0', grid_area='plot'))
+        marker = W.FloatLogSlider(readout=False, **slider, layout=_over_axes(fig))
+        for w, c in ((image, f'tnb-lr-{kind}'), (marker, 'tnb-lr-marker'), (marker, f'tnb-lr-{kind}')): w.add_class(c)
+        self._links.append(W.jslink((self.slider, 'value'), (marker, 'value')))   # moved by the browser alone
+        return image, marker
+
+    def _moved(self, change):
+        "A move of the slider is a choice; the browser snapping the LR the kernel put there to its steps is not."
+        if self._given is not None and abs(math.log10(change['new'] / self._given)) <= self.slider.step / 2 + 1e-9:
+            return
+        self._given = self._pick = None
+        self.picks.value = None
+        self._choose()
+
+    def _picked(self, change):
+        if change['new'] is None: return
+        self._pick = self._given = self.result.choices[change['new']]
+        self.slider.value = self._pick
+        self._choose()
+
+    def _choose(self, _=None):
+        "Apply the LR shown (`chosen`): `trainer.lr` is now it, and `result.apply()` returns it."
+        try: self.result.apply(self.chosen)
+        except RuntimeError as e: self.label.value = f"Not applied: {e}"   # a fit is running (in another thread)
+        self._tip()
+
+    def _tip(self):
+        "The button's tooltip names the LR it applies (as the kernel has it: the browser may be a move ahead)."
+        self.button.tooltip = f"Set trainer.lr to {_lr_text(self.chosen)}"
+
+    # ---- showing it: live, then as a static record
+    def static_bundle(self, narrow: bool = True) -> tuple[dict, dict]:
+        """`(data, metadata)`: the plot with the chosen LR's line, the verdict and what was applied, as HTML, PNG and
+        text: what stays in the notebook once it moves on (no widget model to go missing when it is reopened). With
+        `narrow`, the HTML shows the narrow plot on a screen up to 640 CSS px wide."""
+        import base64, html
+        def png(narrow):   # a figure of its own: the live picture's layout stays as it is
+            fig = self.result.plot(lr=self.chosen, narrow=narrow)
+            fig.axes[0].set_xlim(self.ax.get_xlim())
+            return base64.b64encode(_png(fig)).decode('ascii'), _css_width(fig)
+        (wide, w), applied = png(False), self.label.value
+        text = self.result.summary() + (f"\n{applied}" if applied else '')
+        img = (f'<img src="data:image/png;base64,{wide}" width="{w}" style="max-width:100%; height:auto" '
+               'alt="LR finder plot">')
+        if narrow:
+            img = (f'<picture><source media="(max-width: 640px)" srcset="data:image/png;base64,{png(True)[0]}">'
+                   f'{img}</picture>')
+        page = img + self._state_html() + (f'<div>{html.escape(applied)}</div>' if applied else '')
+        return {'text/html': page, 'image/png': wide, 'text/plain': text}, {'image/png': {'width': w}}
+
+    def _repr_mimebundle_(self, include=None, exclude=None):
+        "The live widget, with the static record beside it (its wide plot) for viewers without a widget manager."
+        data, md = self.static_bundle(narrow=False)
+        return {**data, **self.box._repr_mimebundle_(), 'text/plain': data['text/plain']}, md
+
+    def _ipython_display_(self):
+        "Show the live widget; once the notebook runs another cell, its output becomes the static record."
+        from IPython import get_ipython
+        from IPython.display import display
+        data, md = self._repr_mimebundle_()
+        handle = display(data, metadata=md, raw=True, display_id=True)
+        ip = get_ipython()
+        if ip is None or handle is None: return
+
+        def freeze(*_):
+            ip.events.unregister('pre_run_cell', freeze)
+            self.live = False
+            data, md = self.static_bundle()
+            handle.update(data, metadata=md, raw=True)
+        ip.events.register('pre_run_cell', freeze)
+        self.live = True   # on show, until the notebook runs its next cell
 
 # %% ../nbs/05_lr_find.ipynb #defc04e8
 def _why_short(res: LRFindResult, div: float) -> str:
@@ -857,7 +853,7 @@ def _progress_bar(total: int, what: str):
     from tqdm.auto import tqdm
     return tqdm(total=total, desc=what, leave=False)
 
-# %% ../nbs/05_lr_find.ipynb #8c9ac2bf
+# %% ../nbs/05_lr_find.ipynb #2e9456d3
 def _read_into(res: LRFindResult, methods):
     "Fill `res`'s reading, suggestions, verdict and fallback from its raw losses (your own rules read `res.losses`)."
     r = read_sweep(res.lrs, res.raw_losses)
@@ -867,6 +863,20 @@ def _read_into(res: LRFindResult, methods):
     if fallback is not None: fallback = _round_lr(fallback, r.bounds)
     res.suggestions, res.reading, res.reliable, res.reason, res.fallback = sugg, r, r.reliable, r.reason, fallback
 
+def _check_args(start_lr, end_lr, num_it, beta, div, check, runs):
+    "Refuse the arguments of `lr_find` that can't make a sweep, naming what they must be."
+    if not (0 < start_lr < end_lr): raise ValueError(f"Need 0 < start_lr < end_lr, got {start_lr!r} and {end_lr!r}")
+    if not (isinstance(num_it, int) and num_it >= MIN_POINTS):
+        raise ValueError(f"num_it must be an int >= {MIN_POINTS} (a suggestion needs {MIN_POINTS} points), "
+                         f"got {num_it!r}")
+    if not (0 <= beta < 1): raise ValueError(f"beta must be in [0, 1), got {beta!r}")
+    if not div > 1: raise ValueError(f"div must be > 1, got {div!r}")
+    if not (isinstance(check, int) and not isinstance(check, bool) and (check == 0 or check >= 3)):
+        raise ValueError(f"check must be 0 (no check) or an int >= 3 (steps per candidate), got {check!r}")
+    if not (isinstance(runs, int) and not isinstance(runs, bool) and runs >= 1):
+        raise ValueError(f"runs must be an int >= 1 (runs of each candidate of the check), got {runs!r}")
+
+# %% ../nbs/05_lr_find.ipynb #8c9ac2bf
 def lr_find(trainer, start_lr: float = 1e-7, end_lr: float = 10, num_it: int = 100, beta: float = 0.98,
             div: float = 4., show: bool = True, suggest_funcs=None, check: int = 0,
             runs: int = CHECK_RUNS) -> LRFindResult:
@@ -878,16 +888,7 @@ def lr_find(trainer, start_lr: float = 1e-7, end_lr: float = 10, num_it: int = 1
     `ValueError` whose `result` holds the curve so far."""
     self = trainer
     if suggest_funcs is None: suggest_funcs = tuple(SUGGESTIONS)
-    if not (0 < start_lr < end_lr): raise ValueError(f"Need 0 < start_lr < end_lr, got {start_lr!r} and {end_lr!r}")
-    if not (isinstance(num_it, int) and num_it >= MIN_POINTS):
-        raise ValueError(f"num_it must be an int >= {MIN_POINTS} (a suggestion needs {MIN_POINTS} points), "
-                         f"got {num_it!r}")
-    if not (0 <= beta < 1): raise ValueError(f"beta must be in [0, 1), got {beta!r}")
-    if not div > 1: raise ValueError(f"div must be > 1, got {div!r}")
-    if not (isinstance(check, int) and not isinstance(check, bool) and (check == 0 or check >= 3)):
-        raise ValueError(f"check must be 0 (no check) or an int >= 3 (steps per candidate), got {check!r}")
-    if not (isinstance(runs, int) and not isinstance(runs, bool) and runs >= 1):
-        raise ValueError(f"runs must be an int >= 1 (runs of each candidate of the check), got {runs!r}")
+    _check_args(start_lr, end_lr, num_it, beta, div, check, runs)
     check_idle(self, "run lr_find")
     if self.manual:
         raise ValueError("lr_find can't sweep a trainer with manual=True: its train_step steps the optimizers itself. "

@@ -140,8 +140,62 @@ def _momentum_key(g: dict) -> str | None:
     if g.get('momentum', 0): return 'momentum'   # SGD (or RMSprop) with momentum=0 has none to record
     return None
 
-class _RecorderEvents:
-    "What the `Recorder` does at each event: note each optimizer step with its LRs and momentum."
+# %% ../nbs/01_recorder.ipynb #5b1e7c2a
+@functools.cache
+def _history_class():
+    "The `DataFrame` subclass of `Recorder.history` (made on first use: importing the library does not import pandas)."
+    import pandas as pd
+
+    class History(pd.DataFrame):
+        "The epochs' table: a `DataFrame` whose `time` durations print as the dashboard shows them (`m:ss`)."
+        @property
+        def _constructor(self): return History   # (how pandas keeps a subclass through its operations)
+
+        def _shown(self) -> pd.DataFrame:
+            "A plain copy to print, its durations as text (`assign` copies: the table itself is left as it is)."
+            df = pd.DataFrame(self)
+            if 'time' in df.columns and df['time'].dtype.kind == 'm':
+                df = df.assign(time=df['time'].dt.total_seconds().map(fmt_time))
+            return df
+
+        def __repr__(self): return repr(self._shown())
+        def _repr_html_(self): return self._shown()._repr_html_()
+        def __reduce__(self): return _as_history, (pd.DataFrame(self),)   # (pickled through a module-level name)
+    return History
+
+def _as_history(df): return _history_class()(df)
+
+def _history(epochs: list[dict]):
+    "The epochs' results as a `History`: indexed by `epoch`, `time` (seconds) as durations, in the last column."
+    import pandas as pd
+    df = pd.DataFrame(epochs) if epochs else pd.DataFrame(columns=['epoch', 'train_loss', 'time'])
+    df = df.set_index('epoch')
+    time = pd.to_timedelta(df.pop('time'), unit='s')
+    return _as_history(df.assign(time=time))
+
+# %% ../nbs/01_recorder.ipynb #2673481e
+class Recorder(Hook):
+    "Records loss, learning rates and momentum per optimizer step, and `trainer.epoch_results` per epoch."
+    order = 10
+
+    def __init__(self):
+        self._version = 0
+        self.reset()
+
+    def reset(self):
+        "Forget everything recorded."
+        self._version += 1                        # (the records replaced: see `version`)
+        self._step, self._iter = _Buf(np.int64), _Buf(np.int64)
+        self._loss = _Buf(np.float32)             # one per step, filled once the step's losses reached the host
+        self._lrs: list[_Buf] = []                # one buffer per parameter group
+        self._mom: _Buf | None = None
+        self._p_end, self._p_n = _Buf(np.int64), _Buf(np.int32)  # loss-log stretch of each step not yet in _loss
+        self._new = []                            # steps noted since the last `_commit`, as tuples
+        self._epochs, self._epoch_step = [], []
+        self._lo, self._cur = 0, None             # `_cur`: (step, LRs, momentum) read in before_step
+        self._pgs, self._mom_key = [], None
+
+    # ---- events
     def before_fit(self):
         t = self.trainer
         self._pgs = t.opt.optimizer.param_groups if hasattr(t.opt, 'optimizer') else t.opt.param_groups
@@ -185,9 +239,7 @@ class _RecorderEvents:
         self._forget_lost()
         self._materialize()
 
-# %% ../nbs/01_recorder.ipynb #7db3d679
-class _RecorderBooks:
-    "How the `Recorder` turns noted steps and the trainer's loss log into its per-step buffers."
+    # ---- bookkeeping
     def _commit(self):
         "Move the steps noted since the last call into the numpy buffers (one block: cheaper than a row at a time)."
         groups = len(self._lrs)
@@ -234,57 +286,35 @@ class _RecorderBooks:
         self._p_end.drop_first(k)
         self._p_n.drop_first(k)
 
-    def _sync(self):
-        "Bring every recorded step's loss to the host (one transfer of the losses still pending; no collective)."
+    # ---- reading
+    def sync(self) -> int:
+        """Bring every recorded step's loss to the host (one transfer of the losses still pending, on this process;
+        no collective); the number of steps recorded."""
         t = self.trainer
-        if t is None: return self._commit()
-        # the trainer's own flush: a non-finite loss is reported as in the loop
-        if len(t.losses) > t.losses.n_host: t.flush_losses()
-        self._materialize()
+        if t is not None and len(t.losses) > t.losses.n_host: t.flush_losses()   # (a non-finite loss reported there)
+        if t is None: self._commit()
+        else: self._materialize()
+        return len(self._loss)
 
-# %% ../nbs/01_recorder.ipynb #5b1e7c2a
-@functools.cache
-def _history_class():
-    "The `DataFrame` subclass of `Recorder.history` (made on first use: importing the library does not import pandas)."
-    import pandas as pd
+    @property
+    def version(self) -> int:
+        "A number that changes whenever the records are replaced (`reset`, `load_state_dict`)."
+        return self._version
 
-    class History(pd.DataFrame):
-        "The epochs' table: a `DataFrame` whose `time` durations print as the dashboard shows them (`m:ss`)."
-        @property
-        def _constructor(self): return History   # (how pandas keeps a subclass through its operations)
+    def per_step(self, start: int = 0, stop: int | None = None) -> dict:
+        """`step, loss, lr` (the first parameter group's; NaN with none) of the steps `start:stop` whose loss is on the
+        host, as new float64 arrays; no transfer (`sync()` first brings the rest)."""
+        start, stop, _ = slice(start, stop).indices(len(self._loss))
+        lr = self._lrs[0].a[start:stop] if self._lrs else np.full(max(stop - start, 0), np.nan)
+        return {'step': self._step.a[start:stop].astype(np.float64),
+                'loss': self._loss.a[start:stop].astype(np.float64), 'lr': np.array(lr, dtype=np.float64)}
 
-        def _shown(self) -> pd.DataFrame:
-            "A plain copy to print, its durations as text (`assign` copies: the table itself is left as it is)."
-            df = pd.DataFrame(self)
-            if 'time' in df.columns and df['time'].dtype.kind == 'm':
-                df = df.assign(time=df['time'].dt.total_seconds().map(fmt_time))
-            return df
-
-        def __repr__(self): return repr(self._shown())
-        def _repr_html_(self): return self._shown()._repr_html_()
-        def __reduce__(self): return _as_history, (pd.DataFrame(self),)   # (pickled through a module-level name)
-    return History
-
-def _as_history(df): return _history_class()(df)
-
-def _history(epochs: list[dict]):
-    "The epochs' results as a `History`: indexed by `epoch`, `time` (seconds) as durations, in the last column."
-    import pandas as pd
-    df = pd.DataFrame(epochs) if epochs else pd.DataFrame(columns=['epoch', 'train_loss', 'time'])
-    df = df.set_index('epoch')
-    time = pd.to_timedelta(df.pop('time'), unit='s')
-    return _as_history(df.assign(time=time))
-
-# %% ../nbs/01_recorder.ipynb #6023c5db
-class _RecorderReading:
-    "The `Recorder`'s records as DataFrames and arrays."
     @property
     def steps(self):
         """One row per optimizer step: `step, iteration, loss, lr` (`lr_1, lr_2`... for more parameter groups), and
         `mom` where the optimizer has momentum."""
         import pandas as pd
-        self._sync()
-        n = len(self._loss)   # steps whose loss is known: all of them after a sync
+        n = self.sync()
         cols = {'step': self._step.a[:n].copy(), 'iteration': self._iter.a[:n].copy(),
                 'loss': self._loss.a[:n].astype(np.float64)}
         for i, b in enumerate(self._lrs): cols['lr' if i == 0 else f'lr_{i}'] = b.a[:n].copy()
@@ -310,8 +340,7 @@ class _RecorderReading:
         `max_points` per step series (bucket means)."""
         # one pass over all the steps (vectorised); `Binned` keeps such means up to date at a cost independent of
         # the number of steps
-        self._sync()
-        n = len(self._loss)
+        n = self.sync()
         out = {'step': _bucket_means(self._step.a[:n], max_points),
                'loss': _bucket_means(self._loss.a[:n], max_points),
                'lr': _bucket_means(self._lrs[0].a[:n] if self._lrs else np.zeros(0), max_points)}
@@ -326,14 +355,11 @@ class _RecorderReading:
         bufs = [self._step, self._iter, self._loss, self._p_end, self._p_n, *self._lrs]
         return sum(b.data.nbytes for b in bufs + ([self._mom] if self._mom else []))
 
-# %% ../nbs/01_recorder.ipynb #93c7297a
-class _RecorderPlots:
-    "The `Recorder`'s static plots."
+    # ---- plots
     def plot_loss(self, smooth: float = 0.9, log: bool = False, max_points: int = 1000, ax=None):
         "Train loss per step (raw, and smoothed by a `Smoother` of factor `smooth`) and valid loss per epoch."
-        self._sync()
+        n = self.sync()
         ax = _new_ax(ax)
-        n = len(self._loss)
         steps, loss = self._step.a[:n].astype(np.float64), self._loss.a[:n].astype(np.float64)
         if n:
             xs = _bucket_means(steps, max_points)
@@ -370,29 +396,10 @@ class _RecorderPlots:
         if len(self._lrs) > 1: ax.legend(loc='upper right')
         return ax.figure
 
-# %% ../nbs/01_recorder.ipynb #2673481e
-class Recorder(_RecorderEvents, _RecorderBooks, _RecorderReading, _RecorderPlots, Hook):
-    "Records loss, learning rates and momentum per optimizer step, and `trainer.epoch_results` per epoch."
-    order = 10
-
-    def __init__(self): self.reset()
-
-    def reset(self):
-        "Forget everything recorded."
-        self._step, self._iter = _Buf(np.int64), _Buf(np.int64)
-        self._loss = _Buf(np.float32)             # one per step, filled once the step's losses reached the host
-        self._lrs: list[_Buf] = []                # one buffer per parameter group
-        self._mom: _Buf | None = None
-        self._p_end, self._p_n = _Buf(np.int64), _Buf(np.int32)  # loss-log stretch of each step not yet in _loss
-        self._new = []                            # steps noted since the last `_commit`, as tuples
-        self._epochs, self._epoch_step = [], []
-        self._lo, self._cur = 0, None             # `_cur`: (step, LRs, momentum) read in before_step
-        self._pgs, self._mom_key = [], None
-
+    # ---- checkpoint state
     def state_dict(self) -> dict:
         "The records, as JSON-able lists (NaN as `None`)."
-        self._sync()
-        n = len(self._loss)
+        n = self.sync()
         return {'step': self._step.a[:n].tolist(), 'iteration': self._iter.a[:n].tolist(),
                 'loss': _nan_to_none(self._loss.a[:n].astype(np.float64)),
                 'lr': [_nan_to_none(b.a[:n]) for b in self._lrs],
@@ -420,16 +427,14 @@ class Binned:
         self._restart(None)
 
     def _restart(self, src):
-        self._src, self.n, self.size = src, 0, 1   # the buffer read, steps read, steps per bucket (a power of 2)
+        self._src, self.n, self.size = src, 0, 1   # the records' version, steps read, steps per bucket (a power of 2)
         # per full bucket: sums of step, of the finite losses and their count, of the finite LRs and their count
         self._full, self._part, self._part_n = np.zeros((0, 5)), np.zeros(5), 0
 
     def _rows(self, a: int, b: int) -> np.ndarray:
-        r = self.rec
-        loss = r._loss.a[a:b].astype(np.float64)
-        lr = r._lrs[0].a[a:b] if r._lrs else np.full(b - a, np.nan)
-        fl, fr = np.isfinite(loss), np.isfinite(lr)
-        return np.stack([r._step.a[a:b].astype(np.float64), np.where(fl, loss, 0.), fl, np.where(fr, lr, 0.), fr], 1)
+        p = self.rec.per_step(a, b)
+        fl, fr = np.isfinite(p['loss']), np.isfinite(p['lr'])
+        return np.stack([p['step'], np.where(fl, p['loss'], 0.), fl, np.where(fr, p['lr'], 0.), fr], 1)
 
     def _halve(self):
         "Merge the buckets two by two (buckets start at multiples of `size` steps, so they stay aligned)."
@@ -454,9 +459,8 @@ class Binned:
         """`step, loss, lr` (bucket means, NaN where a bucket has no finite value) and `valid_step, valid_loss` per
         epoch."""
         rec = self.rec
-        rec._sync()
-        n = len(rec._loss)   # steps whose loss is known
-        if rec._step is not self._src or n < self.n: self._restart(rec._step)   # the records were replaced
+        n = rec.sync()   # steps recorded, their losses on the host
+        if rec.version != self._src or n < self.n: self._restart(rec.version)   # the records were replaced
         for a in range(self.n, n, self.block):
             b = min(a + self.block, n)
             self._add(self._rows(a, b))

@@ -23,7 +23,8 @@ from .progress import Progress
 from .liveplot import LivePlot
 from .schedule import one_cycle, cosine, constant
 from .lr_find import SUGGESTIONS
-from .checkpoint import Checkpoint, EarlyStopping, MetricsLog
+from .checkpoint import Checkpoint
+from .monitor import EarlyStopping, MetricsLog
 from .demo import accuracy, digits_dls, digits_model
 
 # %% ../nbs/07_registry.ipynb #e5403757

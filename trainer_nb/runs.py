@@ -14,7 +14,8 @@ __all__ = ['RECORD', 'kernel_runs', 'RunRecorder', 'read_run', 'results_of', 'co
 # %% ../nbs/17_runs.ipynb #6bf17c3d
 import numpy as np
 from .base import CancelFit, MainProcessHook, TrainerWarning, smooth, to_plain
-from .checkpoint import MetricsLog, checkpoint_hooks, run_config
+from .checkpoint import checkpoint_hooks, run_config
+from .monitor import MetricsLog
 from .progress import fmt_time
 from .recorder import Recorder, static_bundle, tick_label
 
@@ -101,27 +102,8 @@ def kernel_runs() -> list[dict]:
     "The records of the fits this kernel ran (the last 500), oldest first."
     return list(_RECORDS)
 
-# %% ../nbs/17_runs.ipynb #e7e442b0
-class _RecordSaving:
-    "How `RunRecorder` brings its record up to date and writes it."
-    def save(self):
-        "Bring the record up to date (the per-step points from the `Recorder`) and write it, where it has a file."
-        t, s, rec = self.trainer, self.trainer.state, self.record
-        rec['steps'], rec['samples'], rec['epochs_done'] = s.step, s.samples, len(rec['epochs'])
-        rec['seconds'] = round(self._secs0 + time.monotonic() - self._t0, 3)
-        recs = [h for h in t.hooks if isinstance(h, Recorder)]
-        if recs:
-            df = recs[0].steps
-            df = df[df['step'] > rec['first_step']]
-            n = self.max_points
-            rec['series'] = {'step': _plain_list(_downsample(df['step'].to_numpy(), n)),
-                             'loss': _plain_list(_downsample(df['loss'].to_numpy(), n)),
-                             'lr': _plain_list(_downsample(df['lr'].to_numpy(), n))}
-        self._last_write = time.monotonic()
-        if self.path is not None: _write_record(self.path, rec)
-
 # %% ../nbs/17_runs.ipynb #1720b975
-class RunRecorder(_RecordSaving, MainProcessHook):
+class RunRecorder(MainProcessHook):
     """Keep a record of each fit (see above): in memory as `record`, and in `dir/record.json` where the fit has a run
     directory (`dir`, or else a `Checkpoint`'s, or a `MetricsLog`'s folder)."""
     order = 90   # after Checkpoint (85): its directory is open, the epoch is saved
@@ -186,6 +168,23 @@ class RunRecorder(_RecordSaving, MainProcessHook):
             rec['events'].append({'kind': rec['status'], 'step': t.state.step, 'message': rec['message']})
         rec['end'] = rec['segments'][-1][1] = time.time()
         self.save()
+
+    # ---- the record written
+    def save(self):
+        "Bring the record up to date (the per-step points from the `Recorder`) and write it, where it has a file."
+        t, s, rec = self.trainer, self.trainer.state, self.record
+        rec['steps'], rec['samples'], rec['epochs_done'] = s.step, s.samples, len(rec['epochs'])
+        rec['seconds'] = round(self._secs0 + time.monotonic() - self._t0, 3)
+        recs = [h for h in t.hooks if isinstance(h, Recorder)]
+        if recs:
+            df = recs[0].steps
+            df = df[df['step'] > rec['first_step']]
+            n = self.max_points
+            rec['series'] = {'step': _plain_list(_downsample(df['step'].to_numpy(), n)),
+                             'loss': _plain_list(_downsample(df['loss'].to_numpy(), n)),
+                             'lr': _plain_list(_downsample(df['lr'].to_numpy(), n))}
+        self._last_write = time.monotonic()
+        if self.path is not None: _write_record(self.path, rec)
 
 # %% ../nbs/17_runs.ipynb #ede31036
 def _alive(rec: dict) -> bool:
