@@ -1,10 +1,12 @@
 """Loop overhead: steps/s of a hand-written PyTorch loop vs the Trainer, on a tiny MLP on the CPU.
 
-Run: `.venv/bin/python bench/overhead.py [--steps 1500] [--reps 9]`. Contenders run interleaved, best of N, each
+Run: `.venv/bin/python bench/overhead.py [--steps 1500] [--reps 9]`. Contenders run interleaved, each
 repetition starting at the next contender (so none always runs right after another); each line is
-`NAME: S steps/s, R x REF` (REF: the raw loop fed the same way). Two contenders take pre-collated batches from a
-list instead of a DataLoader, so that the loop's own cost per step (printed in microseconds) stands above the
-DataLoader's noise. The run of `--redraw-steps` steps then shows where the notebook defaults' time goes: the
+`NAME: S steps/s, R x REF` (best of N; REF: the raw loop fed the same way), then the median and the range of the
+N ratios, each taken against the reference's run of the same repetition. Four contenders take pre-collated batches
+from a list instead of a DataLoader, so that the loop's own cost per step (printed in microseconds, best of N and
+median with its range) stands above the DataLoader's noise; among them the trainer with its default hooks as a script
+in a terminal has them (Recorder, a text progress bar on stderr, LivePlot and RunRecorder drawing nothing). The run of `--redraw-steps` steps then shows where the notebook defaults' time goes: the
 steady-state ratio against a raw loop of the same length, the share spent sending frames and redrawing the dashboard,
 and the time of the picture left behind (drawn on its own thread after `fit` returns, as in a notebook: the
 benchmark waits for it outside the timing).
@@ -14,7 +16,7 @@ device), then two checks of host-device syncs: the training loop with the Record
 `torch.cuda.set_sync_debug_mode('error')`, where any sync raises, and the notebook defaults run under 'warn', counting
 the syncs their redraws make.
 """
-import argparse, time, warnings
+import argparse, statistics, time, warnings
 import torch, torch.nn as nn, torch.nn.functional as F
 from torch.utils.data import DataLoader, TensorDataset
 
@@ -52,6 +54,15 @@ def trainer_list(steps):
     model, batches = make_list(steps)
     tr = Trainer(model, batches, loss_func=F.cross_entropy, opt_func=torch.optim.SGD, lr=0.01, cpu=True,
                  default_hooks=False)
+    t = time.perf_counter()
+    tr.fit(1)
+    return steps / (time.perf_counter() - t)
+
+def trainer_list_terminal(steps):
+    "The trainer fed from a list with its default hooks, as a script run in a terminal has them."
+    from trainer_nb.core import Trainer
+    model, batches = make_list(steps)
+    tr = Trainer(model, batches, loss_func=F.cross_entropy, opt_func=torch.optim.SGD, lr=0.01, cpu=True)
     t = time.perf_counter()
     tr.fit(1)
     return steps / (time.perf_counter() - t)
@@ -111,7 +122,8 @@ def trainer_list_profiler(steps):
     return steps / (time.perf_counter() - t)
 
 CONTENDERS = {'raw loop': raw_loop, 'trainer (no hooks)': trainer_no_hooks, 'trainer (notebook defaults)': trainer_notebook,
-              'raw loop (batches in a list)': raw_list, 'trainer (batches in a list, no hooks)': trainer_list}
+              'raw loop (batches in a list)': raw_list, 'trainer (batches in a list, no hooks)': trainer_list,
+              'trainer (batches in a list, terminal defaults)': trainer_list_terminal}
 try:
     import trainer_nb.hooks   # (a checkout from before the Profiler runs without this contender)
     CONTENDERS['trainer (batches in a list, Profiler)'] = trainer_list_profiler
@@ -224,16 +236,21 @@ def main():
     if a.cuda: return run_gpu(a)
     torch.set_num_threads(1)
     for f in CONTENDERS.values(): f(100)   # warm up
-    best = {n: 0.0 for n in CONTENDERS}
+    runs = {n: [] for n in CONTENDERS}   # steps/s of each repetition
     names = list(CONTENDERS)
     for r in range(a.reps):
-        for n in names[r % len(names):] + names[:r % len(names)]: best[n] = max(best[n], CONTENDERS[n](a.steps))
-    for n, v in best.items():
-        ref = 'raw loop (batches in a list)' if 'list' in n else 'raw loop'
-        print(f"{n}: {v:.0f} steps/s, {v / best[ref]:.3f} x {ref}")
-    raw, tr = best['raw loop (batches in a list)'], best['trainer (batches in a list, no hooks)']
-    print(f"the loop's own cost (batches in a list, no hooks): {1e6 / tr - 1e6 / raw:.1f} us per step over the raw loop "
-          f"({1e6 / raw:.1f} us)")
+        for n in names[r % len(names):] + names[:r % len(names)]: runs[n].append(CONTENDERS[n](a.steps))
+    ref_of = lambda n: 'raw loop (batches in a list)' if 'list' in n else 'raw loop'
+    for n, v in runs.items():
+        ref = runs[ref_of(n)]
+        ratios = sorted(x / y for x, y in zip(v, ref))   # each against the reference's run of the same repetition
+        print(f"{n}: {max(v):.0f} steps/s, {max(v) / max(ref):.3f} x {ref_of(n)}; median of {a.reps} ratios "
+              f"{statistics.median(ratios):.3f} [{ratios[0]:.3f}-{ratios[-1]:.3f}]")
+    raw, tr = runs['raw loop (batches in a list)'], runs['trainer (batches in a list, no hooks)']
+    cost = sorted(1e6 / t - 1e6 / r for t, r in zip(tr, raw))
+    print(f"the loop's own cost (batches in a list, no hooks): {1e6 / max(tr) - 1e6 / max(raw):.1f} us per step over "
+          f"the raw loop ({1e6 / max(raw):.1f} us), best of {a.reps}; median of the repetitions "
+          f"{statistics.median(cost):.1f} us [{cost[0]:.1f} to {cost[-1]:.1f}]")
     if a.redraw_steps: redraw_share(a.redraw_steps)
 
 if __name__ == '__main__': main()
