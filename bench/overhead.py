@@ -1,24 +1,28 @@
 """Loop overhead: steps/s of a hand-written PyTorch loop vs the Trainer, on a tiny MLP on the CPU.
 
-Run: `.venv/bin/python bench/overhead.py [--steps 1500] [--reps 9]`. Contenders run interleaved, best of N, each
+Run: `.venv/bin/python bench/overhead.py [--steps 1500] [--reps 9] [--cpu-time]`. Contenders run interleaved, each
 repetition starting at the next contender (so none always runs right after another); each line is
-`NAME: S steps/s, R x REF` (REF: the raw loop fed the same way). Two contenders take pre-collated batches from a
-list instead of a DataLoader, so that the loop's own cost per step (printed in microseconds) stands above the
-DataLoader's noise. The run of `--redraw-steps` steps then shows where the notebook defaults' time goes: the
-steady-state ratio against a raw loop of the same length, the share spent sending frames and redrawing the dashboard,
-and the time of the picture left behind (drawn on its own thread after `fit` returns, as in a notebook: the
-benchmark waits for it outside the timing).
+`NAME: S steps/s, R x REF` (best of N; REF: the raw loop fed the same way), then the median and the range of the
+N ratios, each taken against the reference's run of the same repetition. Four contenders take pre-collated batches
+from a list instead of a DataLoader, so that the loop's own cost per step (printed in microseconds, best of N and
+median with its range) stands above the DataLoader's noise; among them the trainer with the default hooks a script
+run in a terminal has (Recorder, a text progress bar, LivePlot and RunRecorder drawing nothing). `--cpu-time` times
+them by the thread's CPU time instead of the wall clock (on a machine whose cores other work shares). The run of
+`--redraw-steps` steps then shows where the notebook defaults' time goes: the steady-state ratio against a raw loop of
+the same length, the share spent sending frames and redrawing the dashboard, and the time of the picture left behind
+(drawn on its own thread after `fit` returns, as in a notebook: the benchmark waits for it outside the timing).
 
 With `--cuda` (needs a CUDA GPU): the same three contenders on the GPU with a larger MLP (batches already on the
 device), then two checks of host-device syncs: the training loop with the Recorder runs under
 `torch.cuda.set_sync_debug_mode('error')`, where any sync raises, and the notebook defaults run under 'warn', counting
 the syncs their redraws make.
 """
-import argparse, time, warnings
+import argparse, contextlib, io, statistics, time, warnings
 import torch, torch.nn as nn, torch.nn.functional as F
 from torch.utils.data import DataLoader, TensorDataset
 
 warnings.filterwarnings('ignore')
+clock = time.perf_counter   # `--cpu-time`: time.thread_time, the CPU time of this thread (see `main`)
 
 def make(steps, bs=64):
     g = torch.Generator().manual_seed(0)
@@ -30,13 +34,13 @@ def make(steps, bs=64):
 def _raw(model, batches, steps):
     "Steps/s of the hand-written loop over `batches` (a DataLoader or a list)."
     opt = torch.optim.SGD(model.parameters(), lr=0.01)
-    t = time.perf_counter()
+    t = clock()
     for x, y in batches:
         loss = F.cross_entropy(model(x), y)
         loss.backward()
         opt.step()
         opt.zero_grad()
-    return steps / (time.perf_counter() - t)
+    return steps / (clock() - t)
 
 def raw_loop(steps): return _raw(*make(steps), steps)
 
@@ -52,17 +56,28 @@ def trainer_list(steps):
     model, batches = make_list(steps)
     tr = Trainer(model, batches, loss_func=F.cross_entropy, opt_func=torch.optim.SGD, lr=0.01, cpu=True,
                  default_hooks=False)
-    t = time.perf_counter()
+    t = clock()
     tr.fit(1)
-    return steps / (time.perf_counter() - t)
+    return steps / (clock() - t)
+
+def trainer_list_terminal(steps):
+    """The trainer fed from a list with its default hooks, as a script run in a terminal has them (what they print
+    goes to a buffer here, so as not to mix with the figures)."""
+    from trainer_nb.core import Trainer
+    model, batches = make_list(steps)
+    tr = Trainer(model, batches, loss_func=F.cross_entropy, opt_func=torch.optim.SGD, lr=0.01, cpu=True)
+    with contextlib.redirect_stdout(io.StringIO()), contextlib.redirect_stderr(io.StringIO()):
+        t = clock()
+        tr.fit(1)
+        return steps / (clock() - t)
 
 def trainer_no_hooks(steps):
     from trainer_nb.core import Trainer
     model, dl = make(steps)
     tr = Trainer(model, dl, loss_func=F.cross_entropy, opt_func=torch.optim.SGD, lr=0.01, cpu=True, default_hooks=False)
-    t = time.perf_counter()
+    t = clock()
     tr.fit(1)
-    return steps / (time.perf_counter() - t)
+    return steps / (clock() - t)
 
 def _notebook_trainer(steps):
     "The Trainer with Recorder, Progress and LivePlot, drawing as in a notebook (widgets with no frontend to show them)."
@@ -77,9 +92,9 @@ def _notebook_trainer(steps):
 
 def trainer_notebook(steps):
     tr, (_, _, plot) = _notebook_trainer(steps)
-    t = time.perf_counter()
+    t = clock()
     tr.fit(1)
-    rate = steps / (time.perf_counter() - t)
+    rate = steps / (clock() - t)
     plot.wait()   # the picture left behind is drawn on a thread of its own once `fit` returned: wait for it here, out
     return rate   # of the timing, so that it does not run beside the next contender
 
@@ -106,12 +121,13 @@ def trainer_list_profiler(steps):
     model, batches = make_list(steps)
     tr = Trainer(model, batches, loss_func=F.cross_entropy, opt_func=torch.optim.SGD, lr=0.01, cpu=True,
                  default_hooks=False, hooks=[Profiler()])
-    t = time.perf_counter()
+    t = clock()
     tr.fit(1)
-    return steps / (time.perf_counter() - t)
+    return steps / (clock() - t)
 
 CONTENDERS = {'raw loop': raw_loop, 'trainer (no hooks)': trainer_no_hooks, 'trainer (notebook defaults)': trainer_notebook,
-              'raw loop (batches in a list)': raw_list, 'trainer (batches in a list, no hooks)': trainer_list}
+              'raw loop (batches in a list)': raw_list, 'trainer (batches in a list, no hooks)': trainer_list,
+              'trainer (batches in a list, terminal defaults)': trainer_list_terminal}
 try:
     import trainer_nb.hooks   # (a checkout from before the Profiler runs without this contender)
     CONTENDERS['trainer (batches in a list, Profiler)'] = trainer_list_profiler
@@ -220,20 +236,32 @@ def main():
     ap.add_argument('--reps', type=int, default=9)
     ap.add_argument('--redraw-steps', type=int, default=20_000, help='steps of the redraw-share run (0: skip it)')
     ap.add_argument('--cuda', action='store_true', help='on the GPU, with a larger MLP, and the sync checks')
+    ap.add_argument('--cpu-time', action='store_true', help="time the contenders by this thread's CPU time, not the "
+                    "wall clock: on a machine shared with other work, the time others' processes take the core from "
+                    "this one is left out (the redraw-share run keeps the wall clock)")
     a = ap.parse_args()
     if a.cuda: return run_gpu(a)
+    if a.cpu_time:
+        global clock
+        clock = time.thread_time
+        print("timed by the thread's CPU time (time.thread_time)")
     torch.set_num_threads(1)
     for f in CONTENDERS.values(): f(100)   # warm up
-    best = {n: 0.0 for n in CONTENDERS}
+    runs = {n: [] for n in CONTENDERS}   # steps/s of each repetition
     names = list(CONTENDERS)
     for r in range(a.reps):
-        for n in names[r % len(names):] + names[:r % len(names)]: best[n] = max(best[n], CONTENDERS[n](a.steps))
-    for n, v in best.items():
-        ref = 'raw loop (batches in a list)' if 'list' in n else 'raw loop'
-        print(f"{n}: {v:.0f} steps/s, {v / best[ref]:.3f} x {ref}")
-    raw, tr = best['raw loop (batches in a list)'], best['trainer (batches in a list, no hooks)']
-    print(f"the loop's own cost (batches in a list, no hooks): {1e6 / tr - 1e6 / raw:.1f} us per step over the raw loop "
-          f"({1e6 / raw:.1f} us)")
+        for n in names[r % len(names):] + names[:r % len(names)]: runs[n].append(CONTENDERS[n](a.steps))
+    ref_of = lambda n: 'raw loop (batches in a list)' if 'list' in n else 'raw loop'
+    for n, v in runs.items():
+        ref = runs[ref_of(n)]
+        ratios = sorted(x / y for x, y in zip(v, ref))   # each against the reference's run of the same repetition
+        print(f"{n}: {max(v):.0f} steps/s, {max(v) / max(ref):.3f} x {ref_of(n)}; median of {a.reps} ratios "
+              f"{statistics.median(ratios):.3f} [{ratios[0]:.3f}-{ratios[-1]:.3f}]")
+    raw, tr = runs['raw loop (batches in a list)'], runs['trainer (batches in a list, no hooks)']
+    cost = sorted(1e6 / t - 1e6 / r for t, r in zip(tr, raw))
+    print(f"the loop's own cost (batches in a list, no hooks): {1e6 / max(tr) - 1e6 / max(raw):.1f} us per step over "
+          f"the raw loop ({1e6 / max(raw):.1f} us), best of {a.reps}; median of the repetitions "
+          f"{statistics.median(cost):.1f} us [{cost[0]:.1f} to {cost[-1]:.1f}]")
     if a.redraw_steps: redraw_share(a.redraw_steps)
 
 if __name__ == '__main__': main()

@@ -246,8 +246,9 @@ class Trainer:
             if calls['before_epoch']: calls.run('before_epoch')
             loader, batches = _epoch_batches(self, dl, start)
             self._epoch_first = len(self.losses) - s.batch
+            train_batch = self._train_batch   # (looked up once, not per batch)
             for batch in batches:
-                self._train_batch(batch)
+                train_batch(batch)
                 if every and s.opt_stepped and s.step % every == 0 and s.step < stop and s.batch + 1 != s.n_batches:
                     _validate_in_epoch(self)   # (not at the epoch's last batch: the epoch's validation follows)
                 s.batch += 1
@@ -273,55 +274,66 @@ class Trainer:
         except CancelEpoch: pass       # the remaining after_epoch hooks are skipped
 
     def _train_batch(self, batch):
-        "One batch: forward, loss, backward; the batch counted; when one is due, the optimizer step; `after_batch`."
-        s, calls, plain = self.state, self._calls, self._plain
-        self.batch, s.opt_stepped, self._backward_done, self._step_begun, due = batch, False, False, False, False
-        try:
-            with plain.accumulate(self.model):
-                if calls['before_batch']:
-                    calls.run('before_batch')
-                    batch = self.batch
-                loss = self.loss = self._forward(batch, train=True)[0]
-                if calls['after_loss']:
-                    calls.run('after_loss')
-                    loss = self.loss
-                plain.pending.append(plain.keep(loss))
-                if self.nan_policy == 'skip': _skip_non_finite(self, loss)
-                elif plain.check and not math.isfinite(plain.pending[-1]): raise _non_finite_here(self, batch, 'loss')
-                if not self.manual:   # (a manual train_step has made its own backward passes and steps)
-                    self.backward(loss if plain.items is None else plain.items.weigh(loss))
-                    self._backward_done = True
-                    if calls['after_backward']: calls.run('after_backward')
-                    due = plain.every_batch or self.accelerator.sync_gradients
-                    if due and plain.grads and not grads_finite(plain.grads):
-                        raise _non_finite_here(self, batch, 'gradient')
-                if plain.lean: self.preds = self.out = None   # (not alive through the step: a lean step)
-        except CancelBatch: _drop_batch(self)
-        s.samples += batch_size(batch) if plain.one_process else _rows_everywhere(self.accelerator, batch_size(batch))
+        "One batch: its pass (`_pass`); the batch counted; when one is due, the optimizer step; `after_batch`."
+        s, calls, p = self.state, self._calls, self._plain
+        self.batch, s.opt_stepped, self._backward_done, self._step_begun = batch, False, False, False
+        batch, due = p.run_pass(batch)   # `_pass` (inside Accelerate's `accumulate` when accumulating)
+        s.samples += batch_size(batch) if p.one_process else _rows_everywhere(self.accelerator, batch_size(batch))
         s.iteration += 1   # the batch counts from here: a step's hooks see it counted, its loss in the log
         try:
             if due: self._step()
             elif s.opt_stepped: self._stepped()   # manual: the steps `train_step` took count as one
         except CancelBatch:   # from before_step: no step, the group's gradients dropped; from after_step: its rest
             if not s.opt_stepped: _drop_grads(self)
-        if len(plain.pending) >= self.sync_every: self.flush_losses()
+        if len(p.pending) >= p.sync_every: self.flush_losses()
         try:
             if calls['after_batch']: calls.run('after_batch')
         except CancelBatch: pass   # the batch is done: only the remaining after_batch hooks are skipped
         finally: self.loss = self.preds = self.out = None   # don't keep the graph alive between batches
 
+    def _pass(self, batch) -> tuple:
+        """The batch's passes: `before_batch`, forward, `after_pred`, loss, `after_loss`, backward, `after_backward`.
+        Returns `(batch, due)`: the batch as `before_batch` left it, and whether an optimizer step ends it."""
+        calls, p = self._calls, self._plain
+        try:
+            if calls['before_batch']:
+                calls.run('before_batch')
+                batch = self.batch
+            loss = self.loss = self._forward(batch, True)[0]   # (train=True, passed by position: cheaper)
+            if calls['after_loss']:
+                calls.run('after_loss')
+                loss = self.loss
+            kept = p.keep(loss)   # a number on the CPU, a detached tensor elsewhere (see `LossLog`)
+            p.pending.append(kept)
+            if p.skip: _skip_non_finite(self, loss)
+            elif p.check and not math.isfinite(kept): raise _non_finite_here(self, batch, 'loss')
+            if p.manual: due = False   # (a manual train_step has made its own backward passes and steps)
+            else:
+                p.backward(loss if p.items is None else p.items.weigh(loss))
+                self._backward_done = True
+                if calls['after_backward']: calls.run('after_backward')
+                due = p.every_batch or self.accelerator.sync_gradients
+                if due and p.grads and not grads_finite(p.grads): raise _non_finite_here(self, batch, 'gradient')
+            if p.lean: self.preds = self.out = None   # (not alive through the step: a lean step)
+        except CancelBatch:
+            _drop_batch(self)
+            return batch, False
+        return batch, due
+
     def _step(self):
         "The optimizer step that ends a batch or an accumulation group."
-        calls = self._calls
-        if self._plain.items is not None: self._plain.items.normalize(self)   # (token-exact accumulation)
+        calls, p = self._calls, self._plain
+        if p.items is not None: p.items.normalize(self)   # (token-exact accumulation)
         if calls['before_step']: calls.run('before_step')
-        self.optimizer_step()
-        stepped = self.accelerator.scaler is None or not self.opt.step_was_skipped   # (fp16: an overflow skips it)
-        if stepped:
-            self.state.opt_stepped = True
-            for sched in self.schedulers.values(): sched.step()
-        self.zero_grad()
-        if stepped: self._stepped()
+        p.optimizer_step()   # `optimizer_step()`, or the optimizer's own step where that is all it does
+        if p.scaler is None or not self.opt.step_was_skipped:   # (fp16: an overflow skips the step)
+            s = self.state
+            s.opt_stepped = True
+            for sched in p.schedulers: sched.step()
+            p.zero_grad()
+            s.step += 1   # counted, then `after_step` (as `_stepped` does for a manual train_step's steps)
+            if calls['after_step']: calls.run('after_step')
+        else: p.zero_grad()
 
     def _stepped(self):
         "Count an optimizer step that changed the weights, and run `after_step`."
@@ -331,8 +343,7 @@ class Trainer:
     def backward(self, loss: torch.Tensor):
         """Backward pass of `loss` through Accelerate (scaled under fp16, divided by `grad_accum`); in manual mode,
         then the `after_backward` hooks. A subclass may override it."""
-        if self._plain.backward: loss.backward()   # where Accelerate would add nothing (see "The step")
-        else: self.accelerator.backward(loss)
+        self._plain.backward_of(loss)   # Accelerate's, or torch's where Accelerate would add nothing (see "The step")
         if self.manual and self.fitting:
             self._backward_done = True
             if self._calls['after_backward']: self._calls.run('after_backward')
@@ -382,7 +393,10 @@ class Trainer:
             if train: _check_loss(loss, "train_step's 'loss'")
             return loss, self.preds, out.get('targets')
         if self.loss_func is not None:
-            if type(batch) is tuple or not isinstance(batch, Mapping):   # (the common case first: no ABC check)
+            if type(batch) in _PAIR and len(batch) == 2:   # `(x, y)`, the common case: no call, no ABC check
+                x, y = batch
+                out = self.model(x)
+            elif type(batch) is tuple or not isinstance(batch, Mapping):
                 xs, y = _split(batch)
                 out = self.model(*xs)
             else:   # targets under `target_key`, the rest to the model by name
@@ -391,8 +405,10 @@ class Trainer:
             if type(out) is torch.Tensor and self.preds_key is None: self.preds = out   # (the common case: no look)
             else: self.out, self.preds = out, _out_parts(out, self.preds_key)[1]
             if after_pred: self._calls.run('after_pred')
-            loss = _loss_of(self, self.preds, y) if train or y is not None else None
-            return (_check_loss(loss, "loss_func's result") if train else loss), self.preds, y
+            if not train: return (_loss_of(self, self.preds, y) if y is not None else None), self.preds, y
+            loss = self._plain.loss_of(self.preds, y)   # (`loss_func`, or `_loss_of` for one that sums)
+            if type(loss) is not torch.Tensor or loss.ndim: _check_loss(loss, "loss_func's result")
+            return loss, self.preds, y
         if not isinstance(batch, Mapping): raise TypeError(_NOT_A_DICT.format(type(batch).__name__))
         inputs, items = _model_inputs(self, batch), self._plain.items if train else None
         if items is not None: inputs = {**inputs, 'num_items_in_batch': items.count(batch)}
@@ -776,6 +792,8 @@ class Trainer:
 _NOT_A_DICT = ("With no loss_func or train_step, batches must be dicts, passed as model(**batch) to a model that "
                "returns its loss; got a {}: pass loss_func= (for (x, y) batches) or train_step=")
 
+_PAIR = (tuple, list)   # an `(x, y)` batch of these types is unpacked by the forward pass itself (no `_split`)
+
 def _split(batch):
     "`(inputs, targets)` of a batch: the last element of a tuple is the target; a lone tensor has none."
     if type(batch) is tuple and len(batch) == 2: return batch[:1], batch[1]   # the common case, first
@@ -870,7 +888,8 @@ def _out_parts(out, key=None) -> tuple:
 
 # %% ../nbs/00_core.ipynb #b557502c
 class _Plain:
-    "What a fit's hot path reads, decided once per fit (see above)."
+    """What a fit's hot path reads, decided once per fit (see above): the loop reads these, not the trainer's
+    attributes, and calls the functions bound here (`tests/test_loop_budget.py` keeps the count down)."""
     def __init__(self, t):
         acc = t.accelerator
         acc.gradient_accumulation_steps = t.grad_accum   # process-wide in Accelerate: set it per fit
@@ -878,8 +897,7 @@ class _Plain:
         plain = acc.scaler is None and acc.distributed_type in (DistributedType.NO, DistributedType.MULTI_CPU,
                                                                 DistributedType.MULTI_GPU)
         self.every_batch, self.one_process = t.grad_accum == 1, acc.num_processes == 1
-        self.accumulate = contextlib.nullcontext if self.every_batch else acc.accumulate   # `with ...(model):`
-        self.backward = plain and self.every_batch   # torch's own backward (no scaling, no division by 1)
+        self.run_pass = t._pass if self.every_batch else functools.partial(_accumulated_pass, t)
         self.opt = t.opt.optimizer if plain else t.opt   # the optimizer to step: torch's, or Accelerate's wrapper
         self.pending = t.losses.pending   # where each batch's loss goes (the log's list, flushed in place)
         self.keep = torch.Tensor.item if acc.device.type == 'cpu' else torch.Tensor.detach   # (see `LossLog`)
@@ -889,6 +907,26 @@ class _Plain:
                       and (acc.device.type == 'cpu' or t.sync_every == 1))
         grads = self.check and t.nan_policy == 'raise_grads' and acc.scaler is None   # (fp16: the scaler checks them)
         self.grads = [p for p in t.model.parameters() if p.requires_grad] if grads else None
+        self.skip, self.manual, self.sync_every = t.nan_policy == 'skip', t.manual, t.sync_every
+        self.scaler = acc.scaler
+        self.schedulers = tuple(t.schedulers.values())
+        self.loss_of = functools.partial(_loss_of, t) if _sums(t.loss_func) else t.loss_func   # (see below)
+        # the three parts of the step: a subclass's override where it has one, else what the trainer's would call
+        # (torch's backward where Accelerate's would add nothing: no scaling, no division by 1)
+        self.backward_of = torch.Tensor.backward if plain and self.every_batch else acc.backward
+        self.backward = self.backward_of if _inherited(t, 'backward') else t.backward
+        self.optimizer_step = (self.opt.step if _inherited(t, 'optimizer_step') and t.max_grad_norm is None
+                               else t.optimizer_step)
+        self.zero_grad = (functools.partial(self.opt.zero_grad, True) if _inherited(t, 'zero_grad')   # set_to_none
+                          else t.zero_grad)
+
+def _inherited(t, name: str) -> bool:
+    "Is `t`'s method `name` the `Trainer`'s own (not overridden by a subclass, nor set on the instance)?"
+    return getattr(getattr(t, name), '__func__', None) is getattr(Trainer, name)
+
+def _accumulated_pass(t, batch) -> tuple:
+    "`t._pass(batch)` inside Accelerate's `accumulate` (which counts the group's batches and, under DDP, syncs)."
+    with t.accelerator.accumulate(t.model): return t._pass(batch)
 
 def _named_opt(t, opt):
     "`(name, optimizer)` for `opt`: a name, one of `optimizers` (or what it wraps), or None for the first."
