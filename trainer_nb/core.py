@@ -33,6 +33,7 @@ from .checkpoint import ResumePlan, checkpoint_hooks, close_runs, resume_plan
 from .lr_find import lr_find
 from .trackers import Trackers
 from .runs import RunRecorder
+from .adapters import adapter_hooks, merge_adapters
 from .workflow import (fine_tune, freeze, group_lrs, largest_batch_size, model_summary, quick_fit, split, unfreeze)
 
 # %% ../nbs/00_core.ipynb #79baf130
@@ -98,6 +99,7 @@ class Trainer:
         self.add_hooks(*(type(self).default_hooks if default_hooks else ()), *hooks,
                        *([CompileTimer] if compile else []))
         if _wants_trackers(self, log_with, accelerator): self.add_hooks(Trackers())
+        self.add_hooks(*adapter_hooks(self))   # (a model with adapters: see `trainer_nb.adapters`)
         if run_dir is not None:   # the record's directory: the RunRecorder's (one added when the trainer has none)
             keeper = next((h for h in self.hooks if isinstance(h, RunRecorder)), None)
             if keeper is None: self.add_hooks(RunRecorder(run_dir))
@@ -627,6 +629,10 @@ class Trainer:
     def summary(self):
         "The model's modules with their output shapes on one real batch, parameter counts and memory (see `workflow`)."
         return model_summary(self)
+
+    def merge_adapters(self, **kw) -> torch.nn.Module:
+        "The model's adapters merged into its base weights (peft's `merge_and_unload`): see `trainer_nb.adapters`."
+        return merge_adapters(self, **kw)
 
     def find_batch_size(self, start: int = 1024, steps: int = 1) -> int:
         "The largest of `start`, `start / 2`, ... at which `steps` training steps fit in memory (see `workflow`)."

@@ -289,7 +289,8 @@ class ModelSummary:
     def __init__(self, rows, totals: dict): self.rows, self.totals = rows, totals
     def _totals(self) -> list[tuple[str, str]]:
         t = self.totals
-        return [('parameters', f"{t['params']:,} ({t['trainable']:,} trainable, {t['frozen']:,} frozen)"),
+        share = f": {t['trainable'] / t['params']:.2%}" if 0 < t['trainable'] < t['params'] else ''
+        return [('parameters', f"{t['params']:,} ({t['trainable']:,} trainable{share}, {t['frozen']:,} frozen)"),
                 ('weights', _mb(t['weights_bytes'])), ('optimizer state', _mb(t['optimizer_bytes'])),
                 ('input', str(t['input'])), *([('weight decay', t['weight_decay'])] if t.get('weight_decay') else [])]
     def __repr__(self):
@@ -329,7 +330,7 @@ def model_summary(trainer) -> ModelSummary:
     rows = []
     for name, m in model.named_modules():
         own = list(m.parameters(recurse=False))
-        if m is model or (own == [] and any(True for _ in m.children())): continue
+        if m is model or (own == [] and (name not in shapes or any(True for _ in m.children()))): continue   # (empty)
         rows.append({'module': name, 'type': type(m).__name__, 'output shape': shapes.get(name, '-'),
                      'params': sum(p.numel() for p in own),
                      'trainable': sum(p.numel() for p in own if p.requires_grad)})
