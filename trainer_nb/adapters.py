@@ -50,7 +50,6 @@ class Adapters(Hook):
     embeddings' output require grad during each fit; the first optimizer step of each fit checks that every trainable
     weight got a gradient, and stops before that step, saying what to do, when some did not."""
     order = -20   # (before the hooks that act on a step)
-    in_dev_run = True
 
     def __init__(self): self._handle, self._check = None, False
 
@@ -65,8 +64,8 @@ class Adapters(Hook):
         loss = self.trainer.loss
         if self._check and isinstance(loss, torch.Tensor) and not loss.requires_grad:
             raise RuntimeError("The loss does not require grad: no weight would train (nothing that requires grad "
-                               "reached it). " + _FIX + ". Or no weight is trainable: "
-                               "(the adapters merged, or frozen)?")
+                               "reached it). " + _FIX + ". Where no weight is trainable any more (the adapters merged, "
+                               "or frozen), there is nothing to train")
 
     def before_step(self):
         if not self._check: return
