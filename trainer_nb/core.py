@@ -45,7 +45,7 @@ class Trainer:
     def __init__(self,
                  model: torch.nn.Module,  # the model to train; its forward takes a batch's inputs
                  train_dl: Iterable | None = None,  # training batches (a DataLoader); needed by fit and lr_find
-                 valid_dl: Iterable | None = None,  # validation batches, evaluated after each epoch
+                 valid_dl: Iterable | Mapping | None = None,  # evaluated after each epoch; or {name: loader, ...}
                  *,
                  loss_func=None,      # `loss_func(preds, targets)` for `(x, y)` batches
                  train_step=None,     # or `train_step(batch, trainer) -> {'loss': ..., ...}`
@@ -341,7 +341,12 @@ class Trainer:
 
     # ---- evaluation ----
     def evaluate(self, dl=None) -> dict:
-        "`{'valid_loss': ..., <metric>: ...}` over `dl` (default: `valid_dl`), over every process's samples."
+        """`{'valid_loss': ..., <metric>: ...}` over `dl` (default: `valid_dl`), over every process's samples; for a
+        `valid_dl` of named loaders, each one's results under its name (`valid_<name>_loss`, `valid_<name>_<m>`)."""
+        if dl is None and isinstance(self.valid_dl, Mapping):
+            self.valid_results = res = {k: v for name, d in self.valid_dl.items()
+                                        for k, v in _named_results(name, self.evaluate(d)).items()}
+            return res
         items = _metric_items(self.metrics)
         stream = [(n, m) for n, m, _ in items if _is_streaming(m)]
         for _, m in stream: _reset(m, self.device)
@@ -540,7 +545,10 @@ class Trainer:
         recorded so far, `time`. A metric whose result is a dict, `log` and hooks may add others when they report."""
         if valid is None: valid = self.valid_dl is not None
         metrics = [n for item in _metric_items(self.metrics) for n in _result_names(*item)] if valid else []
-        return ['epoch', 'train_loss', *(['valid_loss', *metrics] if valid else []), *self.logged, 'time']
+        names = ['valid_loss', *metrics] if valid else []
+        if valid and isinstance(self.valid_dl, Mapping):   # named loaders: `valid_<name>_loss`, `valid_<name>_<metric>`
+            names = [k for name in self.valid_dl for k in _named_results(name, dict.fromkeys(names))]
+        return ['epoch', 'train_loss', *names, *self.logged, 'time']
 
     @property
     def timing(self) -> dict:
@@ -924,9 +932,21 @@ def _check_fit(t, epochs, max_steps=None, eval_every=None):
     if t.train_dl is None: raise ValueError("No train_dl: pass one to the Trainer (or set trainer.train_dl)")
     if has_len(t.train_dl) == 0:
         raise ValueError("train_dl yields no batches (is the dataset empty, or drop_last with too few samples?)")
-    if t.valid_dl is not None and has_len(t.valid_dl) == 0:
-        raise ValueError("valid_dl yields no batches (is the dataset empty?): pass a non-empty one, or None")
+    _check_valid(t.valid_dl)
     if t.fitting: raise RuntimeError("fit is already running")
+
+def _check_valid(valid_dl):
+    "Refuse an empty validation loader, and a dict of loaders not under non-empty string names."
+    if isinstance(valid_dl, Mapping) and not (valid_dl and all(isinstance(k, str) and k for k in valid_dl)):
+        raise TypeError(f"valid_dl as a dict needs its loaders under non-empty string names, got {list(valid_dl)!r}")
+    for k, dl in (valid_dl.items() if isinstance(valid_dl, Mapping) else [(None, valid_dl)]):
+        if dl is not None and has_len(dl) == 0:
+            raise ValueError(f"valid_dl{'' if k is None else f'[{k!r}]'} yields no batches (is the dataset empty?): "
+                             "pass a non-empty one, or None")
+
+def _named_results(name: str, res: dict) -> dict:
+    "One named validation loader's results: `valid_loss` as `valid_<name>_loss`, a metric `m` as `valid_<name>_m`."
+    return {f"valid_{name}_{'loss' if k == 'valid_loss' else k}": v for k, v in res.items()}
 
 # %% ../nbs/00_core.ipynb #416f5293
 def _fit_end(t, epochs, max_steps) -> tuple[int, int]:

@@ -5,6 +5,7 @@
 # %% ../nbs/05_lr_find.ipynb #0f0a5506
 from __future__ import annotations
 import math, sys, time, warnings
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 
 # %% auto #0
@@ -362,6 +363,7 @@ def _check(trainer, res, ratios, steps: int, n_runs: int = CHECK_RUNS, bar=None)
     runs, tails, m = {}, {}, max(2, steps // 3)
     base = _base(res.raw_losses, steps, m)
     valid = trainer.valid_dl
+    if isinstance(valid, Mapping): valid = next(iter(valid.values()))   # (named loaders: the check scores the first)
     start = float(base.mean()) if len(base) else math.inf
     if valid is not None: start = _run(trainer, _Sweep([], ratios, 0.0, math.inf), 0, valid)   # before training
     def score(j):

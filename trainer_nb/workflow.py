@@ -190,6 +190,7 @@ def _few_of_stream(dl, n: int, fixed: bool):
 def few_batches(dl, n: int, fixed: bool, what: str = 'limit_batches'):
     "A `DataLoader` like `dl` with only its first `n` batches; `fixed`: the same ones every epoch, in dataset order."
     if dl is None: return None
+    if isinstance(dl, Mapping): return {k: few_batches(v, n, fixed, what) for k, v in dl.items()}   # (named loaders)
     if not isinstance(dl, torch.utils.data.DataLoader):
         raise TypeError(f"{what} needs a torch DataLoader, got {type(dl).__name__}")
     if isinstance(dl.dataset, IterableDataset): return _few_of_stream(dl, n, fixed)
@@ -256,6 +257,7 @@ def quick_fit(trainer, epochs: int | None, lr=None, resume=None, limit_batches: 
     what = 'limit_batches' if limit_batches else 'overfit_batches'
     train = few_batches(trainer.train_dl, n, fixed, what)
     valid = train if fixed and trainer.valid_dl is not None else few_batches(trainer.valid_dl, n, fixed, what)
+    if fixed and isinstance(trainer.valid_dl, Mapping): valid = {k: train for k in trainer.valid_dl}   # (named)
     with trainer.temporary(train_dl=train, valid_dl=valid): trainer.fit(epochs, lr=lr, **kw)
 
 # %% ../nbs/15_workflow.ipynb #ef6cf253
