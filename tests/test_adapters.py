@@ -88,6 +88,17 @@ def test_checkpointing_with_adapters_trains_from_the_first_step(reentrant):
     assert not emb._forward_hooks or not reentrant or len(emb._forward_hooks) == 0   # the fix undone after the fit
 
 
+def test_lr_find_and_find_batch_size_keep_the_fix():
+    "Their short fits run without the trainer's hooks, but for those the model needs to train (`in_sweeps`)."
+    m = reentrant_gpt2()
+    t = trainer(m)
+    adapters = weights(m, True)
+    res = t.lr_find(num_it=20, show=False)
+    assert all(v > 0 for v in res.suggestions.values()) and len(res.lrs) > 10
+    assert t.find_batch_size(start=32) == 32
+    assert all(torch.equal(p, adapters[n]) for n, p in weights(m, True).items())   # both put everything back
+
+
 class Blocks(torch.nn.Module):
     "A model of one's own that checkpoints its blocks with use_reentrant=True (no get_input_embeddings)."
     def __init__(self):

@@ -49,7 +49,8 @@ class Adapters(Hook):
     """Added by the trainer when its model carries adapters (`adapted`). With gradient checkpointing, it makes the input
     embeddings' output require grad during each fit; the first optimizer step of each fit checks that every trainable
     weight got a gradient, and stops before that step, saying what to do, when some did not."""
-    order = -20   # (before the hooks that act on a step)
+    order = -20       # (before the hooks that act on a step)
+    in_sweeps = True  # kept in the short fits of the LR finder and `find_batch_size`, which train the model too
 
     def __init__(self): self._handle, self._check = None, False
 

@@ -485,6 +485,7 @@ class Trainer:
             if hooks is not None:
                 for h in self.hooks: h.trainer = None
                 self.hooks = old_hooks
+                for h in old_hooks: h.trainer = self   # (one of them may have been among `hooks`)
             for k, v in old.items(): setattr(self, k, v)
             if snap is not None: snap.restore()
 

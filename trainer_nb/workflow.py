@@ -365,7 +365,8 @@ def largest_batch_size(trainer, start: int = 1024, steps: int = 1) -> int:
     def attempt(batch_size):
         loader = torch.utils.data.DataLoader(dl.dataset, batch_size=batch_size, collate_fn=dl.collate_fn,
                                              num_workers=dl.num_workers, pin_memory=dl.pin_memory)
-        with trainer.temporary(hooks=[], rewind=True, train_dl=loader, valid_dl=None, scheduler_func=None):
+        keep = [h for h in trainer.hooks if getattr(h, 'in_sweeps', False)]   # (those the model needs: `Adapters`)
+        with trainer.temporary(hooks=keep, rewind=True, train_dl=loader, valid_dl=None, scheduler_func=None):
             trainer.fit(1, limit_batches=steps)
         return batch_size
     return attempt()
