@@ -68,6 +68,17 @@ def uneven_run(batch_size: int) -> dict:
             'losses': t.losses.values.tolist()}
 
 
+def named_run(batch_size: int) -> dict:
+    "Validation on two named loaders of uneven sizes (101 and 7 samples): each one's results under its name."
+    train_ds, valid_ds = make_data()
+    few = torch.utils.data.Subset(valid_ds, range(7))
+    t = Trainer(make_model(), DataLoader(train_ds, batch_size=batch_size, shuffle=False),
+                {'all': DataLoader(valid_ds, batch_size=10), 'few': DataLoader(few, batch_size=3)},
+                loss_func=F.mse_loss, opt_func=torch.optim.SGD, lr=LR, metrics=[mae], default_hooks=False)
+    t.fit(1)
+    return dict(t.epoch_results)
+
+
 def main(out_dir: Path, batch_size: int):
     everywhere, on_main = CountEverywhere(), CountOnMain()
     t = make_trainer(batch_size, hooks=[everywhere, on_main])
@@ -84,6 +95,7 @@ def main(out_dir: Path, batch_size: int):
         'calls_everywhere': everywhere.calls, 'calls_on_main': on_main.calls,
         'describe': t.describe_hooks().to_dict(),
         'uneven': uneven_run(batch_size),
+        'named': named_run(batch_size),
     }
     out_dir.mkdir(parents=True, exist_ok=True)
     torch.save(res, out_dir / f"rank{res['rank']}.pt")

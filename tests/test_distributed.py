@@ -101,6 +101,20 @@ def test_valid_loss_equals_single_process(run, single):
         assert r['valid_results']['valid_loss'] == pytest.approx(fit_valid['valid_loss'], rel=1e-5)
 
 
+def test_named_validation_loaders_equal_single_process(run, single):
+    "valid_dl as a dict: each loader's loss and metric, over both processes, as on one process."
+    from accelerate.state import AcceleratorState, GradientState
+    _, ranks = run
+    mod = single[0]
+    AcceleratorState._reset_state(True); GradientState._reset_state()
+    try: want = mod.named_run(2 * BATCH)
+    finally: AcceleratorState._reset_state(True); GradientState._reset_state()
+    names = ['valid_all_loss', 'valid_all_mae', 'valid_few_loss', 'valid_few_mae']
+    assert [k for k in want if k.startswith('valid_')] == names
+    for r in ranks:
+        for k in names: assert r['named'][k] == pytest.approx(want[k], rel=1e-5), k
+
+
 def test_only_main_process_prints(run):
     stdout, ranks = run
     epochs = _script_module().EPOCHS

@@ -46,8 +46,8 @@ def test_summary_rows_counts_memory_and_nothing_changed():
     s = t.summary()
     assert s.totals['optimizer_bytes'] == 2 * 4 * 17 + 2 * 4   # AdamW's two moments and a step for the head's 2 tensors
     text, page = repr(s), s._repr_html_()
-    assert 'body.0' in text and '145 (17 trainable, 128 frozen)' in text and 'optimizer state: 0.00 MB' in text
-    assert page.count('<table') == 2 and '<td>BatchNorm1d</td>' in page and '145 (17 trainable, 128 frozen)' in page
+    assert 'body.0' in text and '145 (17 trainable: 11.72%, 128 frozen)' in text and 'optimizer state: 0.00 MB' in text
+    assert page.count('<table') == 2 and '<td>BatchNorm1d</td>' in page and '145 (17 trainable: 11.72%, 128 frozen)' in page
 
 
 def test_summary_of_a_dict_model():

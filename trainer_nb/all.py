@@ -24,6 +24,7 @@ from .workflow import *
 from .trackers import *
 from .runs import *
 from .inside import *
+from .adapters import *
 # a new module: add its `from trainer_nb.module import *` line above
 
 # %% ../nbs/09_all.ipynb #43572147

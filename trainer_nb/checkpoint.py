@@ -4,7 +4,7 @@
 
 # %% ../nbs/06_checkpoint.ipynb #0e49455d
 from __future__ import annotations
-import errno, hashlib, json, math, os, re, shutil, signal, socket, threading, time, warnings, zipfile
+import contextlib, errno, hashlib, json, math, os, re, shutil, signal, socket, threading, time, warnings, zipfile
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -313,7 +313,7 @@ class RunDir:
 # %% ../nbs/06_checkpoint.ipynb #b119e433
 _TENSORS = 'trainer_state.safetensors'   # the tensors of the main process's state (hooks' states...)
 _OWN = ('losses', 'logged')              # each process's own part of the state: in its `losses_<i>.safetensors`
-_META = ('format', 'tensors', 'position', 'num_processes', 'fit_start', 'fit_epochs', 'stopped', 'time')
+_META = ('format', 'tensors', 'position', 'num_processes', 'fit_start', 'fit_epochs', 'stopped', 'time', 'weights')
 
 def _split(obj, name: str, tensors: dict):
     "`obj` with each tensor in it replaced by `{'__tensor__': a name}`, the tensor put in `tensors` under that name."
@@ -387,11 +387,26 @@ def _write_state(tmp: Path, sd: dict, i: int, main: bool) -> dict:
     if main_t: _save_tensors(tmp / _TENSORS, main_t)
     return {**plain, 'tensors': _TENSORS if main_t else None}
 
+@contextlib.contextmanager
+def _trainable_only(acc):
+    """Within it, `acc.save_state` writes of each model only its trainable parameters and its buffers (recognised by
+    the storage they share with the state dict's tensors): what adapters, or a model's unfrozen part, need."""
+    from accelerate.utils import id_tensor_storage
+    def keep_trainable(models, weights, output_dir):
+        for m, sd in zip(models, weights):
+            keep = {id_tensor_storage(p) for p in m.parameters() if p.requires_grad}
+            keep |= {id_tensor_storage(b) for b in m.buffers()}
+            for k in [k for k, v in sd.items() if not (torch.is_tensor(v) and id_tensor_storage(v) in keep)]: del sd[k]
+    handle = acc.register_save_state_pre_hook(keep_trainable)
+    try: yield
+    finally: handle.remove()
+
 def save_checkpoint(trainer, path,
                     position: tuple[int, int] | None = None, # (epoch, batches of it done); default: after this batch
                     epoch_rng: list | None = None,           # each process's generators at the start of the epoch
                     checksum: bool = True, fit_start: int | None = None, fit_epochs: int | None = None,
-                    stopped: str | None = None) -> Path:     # why the fit stopped here (`CancelFit`): nothing to resume
+                    stopped: str | None = None,              # why the fit stopped here (`CancelFit`): nothing to resume
+                    weights: str = 'all') -> Path:           # 'trainable': only the trainable ones (see `Checkpoint`)
     "Save `trainer` (weights, optimizer, schedulers, scaler, generators, counters, hooks' states) atomically to `path`."
     t, acc, s = trainer, trainer.accelerator, trainer.state
     _check_safe(acc)
@@ -405,12 +420,14 @@ def save_checkpoint(trainer, path,
     _write_json(tmp / f'rng_{i}.json', {'current': rng_state(t.train_loader), 'epoch_start': epoch_rng})
     # each process's own losses and logged values; the hooks' states from the main process
     plain = _write_state(tmp, t.state_dict(hooks=main), i, main)
-    acc.save_state(str(tmp), safe_serialization=True)
+    with _trainable_only(acc) if weights == 'trainable' else contextlib.nullcontext():
+        acc.save_state(str(tmp), safe_serialization=True)
     if main:
         start = s.epoch if fit_start is None else fit_start
         n_epochs = s.epochs - start if fit_epochs is None else fit_epochs
         _write_json(tmp / _STATE, {'format': 2, **plain, 'position': list(position), 'num_processes': acc.num_processes,
-                                   'fit_start': start, 'fit_epochs': n_epochs, 'stopped': stopped, 'time': time.time()})
+                                   'fit_start': start, 'fit_epochs': n_epochs, 'stopped': stopped, 'time': time.time(),
+                                   'weights': weights})
     acc.wait_for_everyone()
     if main:
         _seal(tmp, checksum)
@@ -428,18 +445,33 @@ def _tied(sd: dict, saved) -> set[str]:
         if isinstance(v, torch.Tensor) and v.numel(): groups.setdefault(id_tensor_storage(v), []).append(k)
     return {k for ks in groups.values() if any(x in saved for x in ks) for k in ks if k not in saved}
 
-def _check_keys(model: torch.nn.Module, file, strict: bool = True):
+def _frozen(model: torch.nn.Module) -> set[str]:
+    "The keys of `model`'s state dict that hold parameters which don't require grad (a trainable-only save skips them)."
+    from accelerate.utils import id_tensor_storage
+    trained = {id_tensor_storage(p) for p in model.parameters() if p.requires_grad}
+    params = {id_tensor_storage(p) for p in model.parameters()}
+    return {k for k, v in model.state_dict().items()
+            if v.numel() and id_tensor_storage(v) in params and id_tensor_storage(v) not in trained}
+
+def _saved_weights(path: Path) -> str:
+    "Which weights checkpoint `path` holds: 'all', or 'trainable' (those that were trainable when it was saved)."
+    try: return json.loads((Path(path) / _STATE).read_text()).get('weights', 'all')
+    except (OSError, ValueError): return 'all'
+
+def _check_keys(model: torch.nn.Module, file, strict: bool = True, partial: bool = False):
     from safetensors import safe_open
     with safe_open(str(file), framework='pt') as f:
         saved = {k: tuple(f.get_slice(k).get_shape()) for k in f.keys()}
     sd = model.state_dict()
     mine = {k: tuple(v.shape) for k, v in sd.items()}
     missing, unexpected = sorted(set(mine) - set(saved) - _tied(sd, saved)), sorted(set(saved) - set(mine))
+    if partial: missing = sorted(set(missing) - _frozen(model))   # (frozen: the base model's, not saved)
     shapes = [f"{k}: checkpoint {saved[k]}, model {mine[k]}" for k in sorted(set(mine) & set(saved))
               if saved[k] != mine[k]]
     if shapes or (strict and (missing or unexpected)):
         msg = [f"The checkpoint {file} does not fit the model ({type(model).__name__}):"]
-        if missing: msg.append(f"  missing keys (in the model, not in the checkpoint): {missing}")
+        now = " (it holds the weights that were trainable when it was saved: these are trainable now)"
+        if missing: msg.append(f"  missing keys (in the model, not in the checkpoint): {missing}" + (now * partial))
         if unexpected: msg.append(f"  unexpected keys (in the checkpoint, not in the model): {unexpected}")
         if shapes: msg.append("  shapes that differ: " + '; '.join(shapes))
         if not shapes: msg.append("  pass strict=False to load the keys that match")
@@ -447,17 +479,19 @@ def _check_keys(model: torch.nn.Module, file, strict: bool = True):
 
 def load_weights(model, path, strict: bool = True):
     """Load the weights of checkpoint `path` into `model` (a `torch.nn.Module` or a `Trainer`); `strict=False` loads
-    the keys that match."""
+    the keys that match. A checkpoint of the trainable weights only leaves the model's frozen weights as they are."""
     from safetensors.torch import load_file
     path = Path(path)
     if not isinstance(model, torch.nn.Module): model = model.unwrapped_model   # a `Trainer`
     verify_checkpoint(path)
     file = path / 'model.safetensors'
-    _check_keys(model, file, strict)   # raises, when strict, on any key missing or unexpected
+    partial = _saved_weights(path) == 'trainable'
+    _check_keys(model, file, strict, partial)   # raises, when strict, on any key missing or unexpected
     weights = load_file(str(file), device=str(next(model.parameters()).device))
     tied = _tied(model.state_dict(), weights)   # loaded through the name they share storage with
     res = model.load_state_dict(weights, strict=False)
-    res.missing_keys[:] = [k for k in res.missing_keys if k not in tied]
+    frozen = _frozen(model) if partial else set()
+    res.missing_keys[:] = [k for k in res.missing_keys if k not in tied and k not in frozen]
     return res
 
 # %% ../nbs/06_checkpoint.ipynb #d3d52972
@@ -632,8 +666,9 @@ def _plan(t, resume) -> ResumePlan:
     try: state = _read_state(path, st, own_file)
     except Exception as e:
         raise _unusable(path, f"its state can't be read ({type(e).__name__}: {e})") from None
-    _check_keys(t.unwrapped_model, path / 'model.safetensors')
-    try: acc.load_state(str(path))
+    partial = st.get('weights', 'all') == 'trainable'   # (the frozen weights: the model's own, left as they are)
+    _check_keys(t.unwrapped_model, path / 'model.safetensors', partial=partial)
+    try: acc.load_state(str(path), **({'strict': False} if partial else {}))
     except Exception as e:
         raise ValueError(f"Checkpoint {path}: loading the model, optimizer or grad scaler into this trainer failed "
                          f"({type(e).__name__}: {e})") from None
@@ -665,13 +700,16 @@ class Checkpoint(Hook):
                  monitor: str | None = 'valid_loss', mode: str = 'min', load_best_at_end: bool = False,
                  handle_signals: bool = True, checksum: bool = True, lock: bool = True,
                  config: dict | None = None,    # the run's config, written to `dir/config.json` (see `run_config`)
-                 replay_batches: bool = False): # a mid-epoch resume loads and discards the batches done (see above)
+                 replay_batches: bool = False,  # a mid-epoch resume loads and discards the batches done (see above)
+                 weights: str = 'all'):         # 'trainable': only the weights that train (adapters; see below)
         _check_checkpoint_args(config, mode, keep_last, every_steps)
+        if weights not in ('all', 'trainable'):
+            raise ValueError(f"weights must be 'all' or 'trainable', got {weights!r}")
         self.run = RunDir(dir, lock)
         self.every_steps, self.every_seconds, self.at_epoch_end = every_steps, every_seconds, at_epoch_end
         self.keep_last, self.monitor, self.mode, self.load_best_at_end = keep_last, monitor, mode, load_best_at_end
         self.handle_signals, self.checksum, self.config = handle_signals, checksum, config
-        self.replay_batches = replay_batches
+        self.replay_batches, self.weights = replay_batches, weights
         self.best_value, self.best_name, self.saved = None, None, []   # saved: this fit's checkpoints, oldest first
         self._signal, self._old_handlers, self._epoch_rng = None, {}, None
         self._fit_start, self._resume_rng = None, None
@@ -699,6 +737,9 @@ class Checkpoint(Hook):
             raise ValueError("Checkpoint names its checkpoints itself: make the Accelerator without "
                              "ProjectConfiguration(automatic_checkpoint_naming=True)")
         _check_safe(acc)
+        if self.weights == 'trainable' and acc.distributed_type in ('FSDP', 'DEEPSPEED', 'MEGATRON_LM'):
+            raise ValueError(f"Checkpoint(weights='trainable') saves through the model's state dict, which "
+                             f"{acc.distributed_type} shards: pass weights='all'")
         err = None
         if acc.is_main_process:
             try: self.run.open()
@@ -725,7 +766,7 @@ class Checkpoint(Hook):
         path = self.dir / f'step-{s.step:08d}'
         if self._saved_step == s.step and not again: return path
         save_checkpoint(t, path, position=position, epoch_rng=self._epoch_rng, checksum=self.checksum,
-                        fit_start=self._fit_start, stopped=stopped)
+                        fit_start=self._fit_start, stopped=stopped, weights=self.weights)
         self._saved_step, self._last_save = s.step, time.monotonic()
         self.saved.append(path)
         if t.is_main_process: self.run.rotate(self.keep_last, keep=[self.best_name])

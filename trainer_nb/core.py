@@ -34,6 +34,7 @@ from .lr_find import lr_find
 from .trackers import Trackers
 from .runs import RunRecorder
 from .background import BackgroundFit, Pause, ask_changes, take_requests, wait_held
+from .adapters import adapter_hooks, merge_adapters
 from .workflow import (fine_tune, freeze, group_lrs, largest_batch_size, model_summary, quick_fit, split, unfreeze)
 
 # %% ../nbs/00_core.ipynb #083191d0
@@ -98,7 +99,7 @@ class Trainer:
     def __init__(self,
                  model: torch.nn.Module,  # the model to train; its forward takes a batch's inputs
                  train_dl: Iterable | None = None,  # training batches (a DataLoader); needed by fit and lr_find
-                 valid_dl: Iterable | None = None,  # validation batches, evaluated after each epoch
+                 valid_dl: Iterable | Mapping | None = None,  # evaluated after each epoch; or {name: loader, ...}
                  *,
                  loss_func=None,      # `loss_func(preds, targets)` for `(x, y)` batches
                  train_step=None,     # or `train_step(batch, trainer) -> {'loss': ..., ...}`
@@ -155,6 +156,7 @@ class Trainer:
         self.add_hooks(*(type(self).default_hooks if default_hooks else ()), *hooks,
                        *([CompileTimer] if compile else []))
         if _wants_trackers(self, log_with, accelerator): self.add_hooks(Trackers())
+        self.add_hooks(*adapter_hooks(self))   # (a model with adapters: see `trainer_nb.adapters`)
         if run_dir is not None:   # the record's directory: the RunRecorder's (one added when the trainer has none)
             keeper = next((h for h in self.hooks if isinstance(h, RunRecorder)), None)
             if keeper is None: self.add_hooks(RunRecorder(run_dir))
@@ -420,8 +422,13 @@ class Trainer:
 
     # ---- evaluation ----
     def evaluate(self, dl=None) -> dict:
-        "`{'valid_loss': ..., <metric>: ...}` over `dl` (default: `valid_dl`), over every process's samples."
+        """`{'valid_loss': ..., <metric>: ...}` over `dl` (default: `valid_dl`), over every process's samples; for a
+        `valid_dl` of named loaders, each one's results under its name (`valid_<name>_loss`, `valid_<name>_<m>`)."""
         _check_free(self, 'evaluate', held_ok=True)
+        if dl is None and isinstance(self.valid_dl, Mapping):
+            self.valid_results = res = {k: v for name, d in self.valid_dl.items()
+                                        for k, v in _named_results(name, self.evaluate(d)).items()}
+            return res
         items = _metric_items(self.metrics)
         stream = [(n, m) for n, m, _ in items if _is_streaming(m)]
         for _, m in stream: _reset(m, self.device)
@@ -564,6 +571,7 @@ class Trainer:
             if hooks is not None:
                 for h in self.hooks: h.trainer = None
                 self.hooks = old_hooks
+                for h in old_hooks: h.trainer = self   # (one of them may have been among `hooks`)
             for k, v in old.items(): setattr(self, k, v)
             if snap is not None: snap.restore()
 
@@ -624,7 +632,10 @@ class Trainer:
         recorded so far, `time`. A metric whose result is a dict, `log` and hooks may add others when they report."""
         if valid is None: valid = self.valid_dl is not None
         metrics = [n for item in _metric_items(self.metrics) for n in _result_names(*item)] if valid else []
-        return ['epoch', 'train_loss', *(['valid_loss', *metrics] if valid else []), *self.logged, 'time']
+        names = ['valid_loss', *metrics] if valid else []
+        if valid and isinstance(self.valid_dl, Mapping):   # named loaders: `valid_<name>_loss`, `valid_<name>_<metric>`
+            names = [k for name in self.valid_dl for k in _named_results(name, dict.fromkeys(names))]
+        return ['epoch', 'train_loss', *names, *self.logged, 'time']
 
     @property
     def timing(self) -> dict:
@@ -718,6 +729,10 @@ class Trainer:
     def summary(self):
         "The model's modules with their output shapes on one real batch, parameter counts and memory (see `workflow`)."
         return model_summary(self)
+
+    def merge_adapters(self, **kw) -> torch.nn.Module:
+        "The model's adapters merged into its base weights (peft's `merge_and_unload`): see `trainer_nb.adapters`."
+        return merge_adapters(self, **kw)
 
     def find_batch_size(self, start: int = 1024, steps: int = 1) -> int:
         "The largest of `start`, `start / 2`, ... at which `steps` training steps fit in memory (see `workflow`)."
@@ -1081,9 +1096,21 @@ def _check_fit(t, epochs, max_steps=None, eval_every=None):
     if t.train_dl is None: raise ValueError("No train_dl: pass one to the Trainer (or set trainer.train_dl)")
     if has_len(t.train_dl) == 0:
         raise ValueError("train_dl yields no batches (is the dataset empty, or drop_last with too few samples?)")
-    if t.valid_dl is not None and has_len(t.valid_dl) == 0:
-        raise ValueError("valid_dl yields no batches (is the dataset empty?): pass a non-empty one, or None")
+    _check_valid(t.valid_dl)
     if t.fitting: raise RuntimeError("fit is already running")
+
+def _check_valid(valid_dl):
+    "Refuse an empty validation loader, and a dict of loaders not under non-empty string names."
+    if isinstance(valid_dl, Mapping) and not (valid_dl and all(isinstance(k, str) and k for k in valid_dl)):
+        raise TypeError(f"valid_dl as a dict needs its loaders under non-empty string names, got {list(valid_dl)!r}")
+    for k, dl in (valid_dl.items() if isinstance(valid_dl, Mapping) else [(None, valid_dl)]):
+        if dl is not None and has_len(dl) == 0:
+            raise ValueError(f"valid_dl{'' if k is None else f'[{k!r}]'} yields no batches (is the dataset empty?): "
+                             "pass a non-empty one, or None")
+
+def _named_results(name: str, res: dict) -> dict:
+    "One named validation loader's results: `valid_loss` as `valid_<name>_loss`, a metric `m` as `valid_<name>_m`."
+    return {f"valid_{name}_{'loss' if k == 'valid_loss' else k}": v for k, v in res.items()}
 
 # %% ../nbs/00_core.ipynb #416f5293
 def _fit_end(t, epochs, max_steps) -> tuple[int, int]:

@@ -5,6 +5,7 @@
 # %% ../nbs/05_lr_find.ipynb #0f0a5506
 from __future__ import annotations
 import math, sys, time, warnings
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 
 # %% auto #0
@@ -273,11 +274,13 @@ def _trial_sched(lr: float, n: int) -> list[float]:
     return up + [lr * (0.01 + 0.99 * (1 + math.cos(math.pi * i / k)) / 2) for i in range(n - w)]
 
 def _run(trainer, sweep: _Sweep, steps: int, valid=None) -> float | None:
-    """Train with `sweep` as the only hook for `steps` optimizer steps (or until it stops), after the `sweep.skip`
-    batches it passes over, then the loss on `valid` (if given and the trial ran to its end), then rewind everything."""
+    """Train with `sweep` as the only hook (and those the model needs to train, `in_sweeps`: `Adapters`) for `steps`
+    optimizer steps (or until it stops), after the `sweep.skip` batches it passes over, then the loss on `valid` (if
+    given and the trial ran to its end), then rewind everything."""
     try: n = len(trainer.train_loader)
     except TypeError: n = 0
-    with trainer.temporary(hooks=[sweep], rewind=True, losses=LossLog(), valid_dl=None, scheduler_func=None,
+    keep = [h for h in trainer.hooks if getattr(h, 'in_sweeps', False)]
+    with trainer.temporary(hooks=[sweep, *keep], rewind=True, losses=LossLog(), valid_dl=None, scheduler_func=None,
                            sync_every=sys.maxsize):
         if steps: trainer.fit(math.ceil((steps * trainer.grad_accum + sweep.skip) / n) + 1 if n else sys.maxsize)
         if valid is not None and sweep.stop in ('done', None):
@@ -348,6 +351,7 @@ def _check(trainer, res, ratios, steps: int, n_runs: int = CHECK_RUNS, bar=None)
     runs, tails, m = {}, {}, max(2, steps // 3)
     base = _base(res.raw_losses, steps, m)
     valid = trainer.valid_dl
+    if isinstance(valid, Mapping): valid = next(iter(valid.values()))   # (named loaders: the check scores the first)
     start = float(base.mean()) if len(base) else math.inf
     if valid is not None: start = _run(trainer, _Sweep([], ratios, 0.0, math.inf), 0, valid)   # before training
     def score(j):

@@ -190,6 +190,7 @@ def _few_of_stream(dl, n: int, fixed: bool):
 def few_batches(dl, n: int, fixed: bool, what: str = 'limit_batches'):
     "A `DataLoader` like `dl` with only its first `n` batches; `fixed`: the same ones every epoch, in dataset order."
     if dl is None: return None
+    if isinstance(dl, Mapping): return {k: few_batches(v, n, fixed, what) for k, v in dl.items()}   # (named loaders)
     if not isinstance(dl, torch.utils.data.DataLoader):
         raise TypeError(f"{what} needs a torch DataLoader, got {type(dl).__name__}")
     if isinstance(dl.dataset, IterableDataset): return _few_of_stream(dl, n, fixed)
@@ -256,6 +257,7 @@ def quick_fit(trainer, epochs: int | None, lr=None, resume=None, limit_batches: 
     what = 'limit_batches' if limit_batches else 'overfit_batches'
     train = few_batches(trainer.train_dl, n, fixed, what)
     valid = train if fixed and trainer.valid_dl is not None else few_batches(trainer.valid_dl, n, fixed, what)
+    if fixed and isinstance(trainer.valid_dl, Mapping): valid = {k: train for k in trainer.valid_dl}   # (named)
     with trainer.temporary(train_dl=train, valid_dl=valid): trainer.fit(epochs, lr=lr, **kw)
 
 # %% ../nbs/15_workflow.ipynb #ef6cf253
@@ -289,7 +291,8 @@ class ModelSummary:
     def __init__(self, rows, totals: dict): self.rows, self.totals = rows, totals
     def _totals(self) -> list[tuple[str, str]]:
         t = self.totals
-        return [('parameters', f"{t['params']:,} ({t['trainable']:,} trainable, {t['frozen']:,} frozen)"),
+        share = f": {t['trainable'] / t['params']:.2%}" if 0 < t['trainable'] < t['params'] else ''
+        return [('parameters', f"{t['params']:,} ({t['trainable']:,} trainable{share}, {t['frozen']:,} frozen)"),
                 ('weights', _mb(t['weights_bytes'])), ('optimizer state', _mb(t['optimizer_bytes'])),
                 ('input', str(t['input'])), *([('weight decay', t['weight_decay'])] if t.get('weight_decay') else [])]
     def __repr__(self):
@@ -329,7 +332,7 @@ def model_summary(trainer) -> ModelSummary:
     rows = []
     for name, m in model.named_modules():
         own = list(m.parameters(recurse=False))
-        if m is model or (own == [] and any(True for _ in m.children())): continue
+        if m is model or (own == [] and (name not in shapes or any(True for _ in m.children()))): continue   # (empty)
         rows.append({'module': name, 'type': type(m).__name__, 'output shape': shapes.get(name, '-'),
                      'params': sum(p.numel() for p in own),
                      'trainable': sum(p.numel() for p in own if p.requires_grad)})
@@ -362,7 +365,8 @@ def largest_batch_size(trainer, start: int = 1024, steps: int = 1) -> int:
     def attempt(batch_size):
         loader = torch.utils.data.DataLoader(dl.dataset, batch_size=batch_size, collate_fn=dl.collate_fn,
                                              num_workers=dl.num_workers, pin_memory=dl.pin_memory)
-        with trainer.temporary(hooks=[], rewind=True, train_dl=loader, valid_dl=None, scheduler_func=None):
+        keep = [h for h in trainer.hooks if getattr(h, 'in_sweeps', False)]   # (those the model needs: `Adapters`)
+        with trainer.temporary(hooks=keep, rewind=True, train_dl=loader, valid_dl=None, scheduler_func=None):
             trainer.fit(1, limit_batches=steps)
         return batch_size
     return attempt()
