@@ -79,6 +79,13 @@ def named_run(batch_size: int) -> dict:
     return dict(t.epoch_results)
 
 
+def background_refused(t) -> str:
+    "What `fit(background=True)` says on several processes (each would run its own thread: refused)."
+    try: t.fit(1, background=True)
+    except RuntimeError as e: return str(e)
+    return 'not refused'
+
+
 def main(out_dir: Path, batch_size: int):
     everywhere, on_main = CountEverywhere(), CountOnMain()
     t = make_trainer(batch_size, hooks=[everywhere, on_main])
@@ -96,6 +103,7 @@ def main(out_dir: Path, batch_size: int):
         'describe': t.describe_hooks().to_dict(),
         'uneven': uneven_run(batch_size),
         'named': named_run(batch_size),
+        'background': background_refused(t),
     }
     out_dir.mkdir(parents=True, exist_ok=True)
     torch.save(res, out_dir / f"rank{res['rank']}.pt")

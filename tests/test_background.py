@@ -217,3 +217,27 @@ def test_lr_find_in_the_background_then_a_fit_waits_for_it(capsys):
     res = t.wait()       # the finder's result
     assert res.lrs == ref_res.lrs and res.losses == ref_res.losses
     assert all(torch.equal(a, b) for a, b in zip(weights(t), weights(ref)))
+
+
+def test_in_a_script_the_same_api_with_text_progress(tmp_path):
+    "A script (no notebook): `background=True` runs the fit in a thread, its progress as text, `wait()` its outcome."
+    code = """
+import torch, torch.nn.functional as F
+from torch.utils.data import DataLoader, TensorDataset
+from trainer_nb.core import Trainer
+torch.manual_seed(0)
+x = torch.randn(64, 4); y = x.sum(1, keepdim=True)
+t = Trainer(torch.nn.Linear(4, 1), DataLoader(TensorDataset(x, y), batch_size=8), loss_func=F.mse_loss)
+t.fit(2, lr=0.1, background=True)
+print('RETURNED', t.running)
+t.wait()
+print('DONE', t.state.step, t.running)
+t.attach()
+"""
+    p = subprocess.run([sys.executable, '-c', code], capture_output=True, text=True, timeout=300, cwd=tmp_path,
+                       env={**__import__('os').environ, 'PYTHONPATH': str(REPO)})
+    assert p.returncode == 0, p.stderr
+    out = p.stdout + p.stderr
+    assert 'RETURNED True' in p.stdout and 'DONE 16 False' in p.stdout
+    assert 'epoch' in out and 'train_loss' in out   # the text progress's table, from the fit's thread
+    assert 'fit, done: 2 of 2 epochs done, step 16 (its progress is text' in p.stdout

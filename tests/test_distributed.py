@@ -72,6 +72,15 @@ def test_weights_identical_and_equal_to_single_process(run, single):
         torch.testing.assert_close(w0[k], ref[k], atol=1e-5, rtol=0)
 
 
+def test_background_fit_is_refused_on_several_processes(run):
+    "Under launch, `background=True` is refused on every process, with what to do instead; nothing ran in a thread."
+    _, ranks = run
+    for r in ranks:
+        assert r['background'].startswith("fit(background=True) runs the call in a thread of this process, and this "
+                                          "trainer trains on 2 processes")
+        assert 'call fit without background=' in r['background']
+
+
 def test_counters(run, single):
     _, ranks = run
     mod, state, *_ = single

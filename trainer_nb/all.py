@@ -15,6 +15,7 @@ from .liveplot import *
 from .lr_find import *
 from .checkpoint import *
 from .monitor import *
+from .background import *
 from .registry import *
 from .cli import *
 from .launch import *
