@@ -17,16 +17,16 @@ from trainer_nb.core import Trainer
 warnings.filterwarnings('ignore')
 
 
-def trainer(steps, bs=64):
+def trainer(steps, bs=64, hidden=256):
     g = torch.Generator().manual_seed(0)
     ds = TensorDataset(torch.randn(steps * bs, 64, generator=g), torch.randint(0, 10, (steps * bs,), generator=g))
     torch.manual_seed(0)
-    model = nn.Sequential(nn.Linear(64, 256), nn.ReLU(), nn.Linear(256, 10))
+    model = nn.Sequential(nn.Linear(64, hidden), nn.ReLU(), nn.Linear(hidden, 10))
     return Trainer(model, DataLoader(ds, batch_size=bs), loss_func=F.cross_entropy, default_hooks=False)
 
 
-def fit_rate(steps, background):
-    t = trainer(steps)
+def fit_rate(steps, background, **kw):
+    t = trainer(steps, **kw)
     t0 = time.perf_counter()
     if background:
         t.fit(1, lr=1e-2, background=True)
@@ -54,14 +54,17 @@ def main():
     ap.add_argument('--steps', type=int, default=3000)
     ap.add_argument('--reps', type=int, default=5)
     ap.add_argument('--threads', type=int, default=None)
+    ap.add_argument('--hidden', type=int, default=256)
+    ap.add_argument('--bs', type=int, default=64)
     a = ap.parse_args()
     if a.threads: torch.set_num_threads(a.threads)
-    print(f"torch threads: {torch.get_num_threads()}, {a.steps} steps a fit, {a.reps} repetitions")
+    print(f"torch threads: {torch.get_num_threads()}, {a.steps} steps a fit of an MLP 64-{a.hidden}-10, batches of {a.bs}, "
+          f"{a.reps} repetitions")
     fit_rate(300, False), fit_rate(300, True)   # warm-up
     ratios, fg, bg = [], [], []
     for r in range(a.reps):
         order = (False, True) if r % 2 == 0 else (True, False)
-        got = {b: fit_rate(a.steps, b) for b in order}
+        got = {b: fit_rate(a.steps, b, hidden=a.hidden, bs=a.bs) for b in order}
         fg.append(got[False]); bg.append(got[True]); ratios.append(got[True] / got[False])
     print(f"foreground: {statistics.median(fg):.0f} steps/s, background: {statistics.median(bg):.0f} steps/s")
     print(f"background / foreground: median {statistics.median(ratios):.3f}x (range {min(ratios):.3f}-{max(ratios):.3f})")

@@ -241,3 +241,18 @@ t.attach()
     assert 'RETURNED True' in p.stdout and 'DONE 16 False' in p.stdout
     assert 'epoch' in out and 'train_loss' in out   # the text progress's table, from the fit's thread
     assert 'fit, done: 2 of 2 epochs done, step 16 (its progress is text' in p.stdout
+
+
+def test_the_fits_thread_uses_the_notebooks_thread_count():
+    "torch's thread count holds per thread: the fit's thread takes the starting cell's (another would change sums)."
+    before = torch.get_num_threads()
+    seen = []
+    class Threads(Hook):
+        def before_fit(self): seen.append(torch.get_num_threads())
+    try:
+        torch.set_num_threads(1)
+        t = trainer(hooks=[Threads()])
+        t.fit(1, lr=1e-2, background=True)
+        t.wait()
+        assert seen == [1] and t.background.threads == 1
+    finally: torch.set_num_threads(before)
