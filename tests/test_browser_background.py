@@ -127,3 +127,37 @@ def test_background_fit_in_the_browser(tmp_path, app):
     trips = sorted(trips)
     print(f"\n{app}: '1+1' round trips while a background fit trains (ms): median {statistics.median(trips):.0f}, "
           f"p95 {trips[int(0.95 * len(trips)) - 1]:.0f}, max {trips[-1]:.0f}")
+
+
+LR_CELLS = [SETUP.replace("nn.Linear(16, 256), nn.ReLU(), nn.Linear(256, 1)",
+                          "nn.Linear(16, 512), nn.ReLU(), nn.Linear(512, 512), nn.ReLU(), nn.Linear(512, 1)"),
+            "t.lr_find(num_it=60, check=25, runs=2, background=True)",
+            "print('FREE', t.running)",
+            "res = t.wait(); print('APPLIED', t.lr == res.chosen, res.chosen is not None)"]
+
+
+@needs_browser
+def test_lr_find_in_the_background_shows_its_widget_before_the_check_ends(tmp_path):
+    "The sweep's widget in the view while the check trains; a suggestion clicked then is applied when it ends."
+    with lab_server(tmp_path) as server:
+        write_notebook(tmp_path / 'root' / 'lr.ipynb', LR_CELLS)
+        with notebook_page(server, 'lr.ipynb', viewport=(1400, 1200)) as page:
+            page.evaluate("() => window.jupyterapp.shell.collapseLeft()")
+            run_cell(page, 0)
+            wait_for_text(page, 'SETUP OK', cell=0)
+            run_cell(page, 1)
+            run_cell(page, 2)
+            wait_for_text(page, 'FREE True', cell=2)
+            view = page.locator('.jp-CodeCell').nth(1).locator('.trainer-nb-fit')
+            view.locator('.tnb-lr-find').wait_for(timeout=120_000)
+            running = view.locator('.tnb-status').inner_text()
+            view.locator('.tnb-lr-picks button').first.click()   # a suggestion, while the check runs
+            page.wait_for_function("() => [...document.querySelectorAll('.tnb-lr-label')].some(e => "
+                                   "/chosen|trainer\\.lr = /.test(e.innerText))", timeout=120_000)
+            run_cell(page, 3)
+            outs = wait_for_text(page, 'APPLIED', cell=3, timeout=300)
+            assert 'APPLIED True True' in outs[3]
+            assert running == 'running'   # the widget was there before the check had ended
+            assert view.locator('.tnb-lr-find').count() == 1   # shown once, updated in place
+            page.wait_for_function("() => /trainer\\.lr = /.test(document.querySelector('.tnb-lr-label').innerText)")
+            page.screenshot(path=str(tmp_path / 'lr.png'))

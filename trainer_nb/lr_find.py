@@ -18,6 +18,7 @@ __all__ = ['MIN_POINTS', 'SUGGESTIONS', 'START_CUT', 'NOISE_Z', 'MIN_READ', 'CHE
 import numpy as np
 from .base import CancelBatch, CancelFit, Hook, LossLog, Smoother, TrainerWarning, check_idle
 from .recorder import new_figure
+from .progress import view_box
 
 # %% ../nbs/05_lr_find.ipynb #ee9e32a9
 MIN_POINTS = 5   # a curve with fewer usable points gives no suggestion
@@ -672,6 +673,7 @@ def _over_axes(fig):
 class LRFindWidget:
     "Plot + verdict + LR slider + 'Use this LR' button for an `LRFindResult`; `.box` is the ipywidgets container."
     live = False   # shown live, and the notebook has run no cell since
+    checking = False   # shown before its check ended (in the background): a choice is applied when it ends
 
     def __init__(self, result: LRFindResult):
         import ipywidgets as W
@@ -760,8 +762,27 @@ class LRFindWidget:
 
     def _choose(self, _=None):
         "Apply the LR shown (`chosen`): `trainer.lr` is now it, and `result.apply()` returns it."
+        if self.checking:   # shown while its check runs in the background: kept, applied when the check ends
+            self.result.chosen = self.chosen
+            self.label.value = f"{_lr_text(self.chosen)} chosen: trainer.lr is set to it when the check ends"
+            return self._tip()
         try: self.result.apply(self.chosen)
         except RuntimeError as e: self.label.value = f"Not applied: {e}"   # a fit is running (in another thread)
+        self._tip()
+
+    def check_ended(self):
+        """The check that ran while the widget showed (`lr_find(check=..., background=True)`) has ended: its verdict,
+        its pick among the suggestions and, unless a choice was made meanwhile, on the slider as the default."""
+        self.checking = False
+        r, moved = self.result, self._pick is not None or self._given is None
+        self.picks.unobserve(self._picked, names='value')
+        self.picks.options = [(f"{k} {_lr_text(v)}", k) for k, v in r.choices.items()]
+        self.picks.value = None
+        self.picks.observe(self._picked, names='value')
+        self.state.value = self._state_html()
+        for c in ('tnb-lr-reliable', 'tnb-lr-unreliable'): self.state.remove_class(c)
+        self.state.add_class('tnb-lr-reliable' if r.reliable else 'tnb-lr-unreliable')
+        if not moved: self._given = self.slider.value = r._lr(None)   # (put there by the kernel: not a choice)
         self._tip()
 
     def _tip(self):
@@ -904,8 +925,8 @@ def lr_find(trainer, start_lr: float = 1e-7, end_lr: float = 10, num_it: int = 1
     main = self.is_main_process
     sched = [start_lr * (end_lr / start_lr) ** (i / (num_it - 1)) for i in range(num_it)]
     dl = self.train_loader   # prepared now, as fit would, so that the rewind covers its state
-    bar = None
-    if show and main: bar = _progress_bar(num_it, 'lr_find')
+    bar, box = None, view_box.get() if show and main else None   # box: the view of a call in the background
+    if show and main and box is None: bar = _progress_bar(num_it, 'lr_find')
     lrs = trainer.lrs
     ratios = [l / max(lrs) for l in lrs]
     sweep = _Sweep(sched, ratios, beta, div, bar)   # the swept LR: the fastest group's
@@ -923,7 +944,8 @@ def lr_find(trainer, start_lr: float = 1e-7, end_lr: float = 10, num_it: int = 1
         raise
     if check and not isinstance(suggest_funcs, dict):
         cbar = None
-        if show and main: cbar = _progress_bar((6 + CHECK_MORE) * runs * check, 'lr_find check')
+        if box is not None: _show(res, box, checking=True)   # the sweep's widget now, beside the notebook
+        elif show and main: cbar = _progress_bar((6 + CHECK_MORE) * runs * check, 'lr_find check')
         try: res.check, res.check_runs, res.checked = _check(self, res, ratios, check, runs, cbar)
         finally:
             if cbar is not None:
@@ -932,9 +954,21 @@ def lr_find(trainer, start_lr: float = 1e-7, end_lr: float = 10, num_it: int = 1
         if res.checked is not None:   # (to the digits it is shown with, as the suggestions)
             res.checked, res.reliable, res.reason = _round_lr(res.checked), True, ''
     if not res.reliable: warnings.warn(f"lr_find: {res.verdict}", LRFindWarning, stacklevel=3)
-    if show and main:
-        if _in_notebook():
-            from IPython.display import display
-            display(res.widget)
-        else: print(res.summary(), flush=True)
+    if show and main: _show(res, box)
     return res
+
+def _show(res: LRFindResult, box=None, checking: bool = False):
+    """Show `res`: its widget in a notebook, its summary elsewhere. `box`: the view of a call in the background (see
+    `trainer_nb.background`), where the widget shows once, right after the sweep when a check follows (`checking`);
+    when the check ends, the widget takes its pick and applies an LR chosen meanwhile."""
+    w = res._widget
+    if box is not None and w is not None and w.checking:   # shown already: the check has ended
+        w.check_ended()
+        if res.chosen is not None: res.apply()
+    elif box is not None:
+        res.widget.checking = checking
+        box.add(res.widget.box)
+    elif _in_notebook():
+        from IPython.display import display
+        display(res.widget)
+    else: print(res.summary(), flush=True)
