@@ -78,16 +78,12 @@ def _start_background(t, what: str, call):
     t.background = BackgroundFit(t, run, what)
 
 def _background_door(f):
-    "The door `f` of `Trainer`, with `background: bool = False` (keyword-only): True runs it in the background."
+    "The door `f` of `Trainer`, whose `background=True` (a keyword argument of it) runs the call in the background."
     @functools.wraps(f)
-    def door(self, *args, background: bool = False, **kw):
-        if not background: return f(self, *args, **kw)
+    def door(self, *args, **kw):
+        if not kw.get('background'): return f(self, *args, **kw)
+        kw['background'] = False
         _start_background(self, f.__name__, lambda: f(self, *args, **kw))
-    sig = inspect.signature(f)
-    ps = list(sig.parameters.values())
-    at = next((i for i, p in enumerate(ps) if p.kind is p.VAR_KEYWORD), len(ps))
-    ps.insert(at, inspect.Parameter('background', inspect.Parameter.KEYWORD_ONLY, default=False, annotation='bool'))
-    door.__signature__ = sig.replace(parameters=ps)
     return door
 
 # %% ../nbs/00_core.ipynb #79baf130
@@ -173,7 +169,8 @@ class Trainer:
             eval_every: int | None = None,      # also validate every N optimizer steps, inside the epochs
             limit_batches: int | None = None,   # the first N batches of each loader
             overfit_batches: int | None = None, # the same N batches every epoch, validated on too
-            fast_dev_run: bool = False):        # one batch of each through every hook, then everything put back
+            fast_dev_run: bool = False,         # one batch of each through every hook, then everything put back
+            background: bool = False):          # run it in a worker thread and return at once (see below)
         """Train for `epochs` more epochs (at `lr`, if given: a number, a list or `slice(lo, hi)`), or `max_steps` more
         optimizer steps (whichever ends first, when both are given). With `resume=` ('last', 'best' or a checkpoint
         directory), continue an interrupted fit where its checkpoint left it: `epochs` and `max_steps` are then the
@@ -655,6 +652,7 @@ class Trainer:
                       *,
                       max_steps: int | None = None,   # or N optimizer steps (the cycle spans them)
                       eval_every: int | None = None,  # also validate every N optimizer steps
+                      background: bool = False,  # run it in a worker thread and return at once, as `fit`
                       **kw):                     # more `one_cycle` arguments (`OneCycleLR`'s anneal_strategy...)
         """Fit `epochs` epochs (or `max_steps` steps) with a one-cycle schedule peaking at `lr_max` (default: the
         trainer's `lr`): `one_cycle`."""
@@ -672,7 +670,8 @@ class Trainer:
                    resume: str | os.PathLike | None = None,  # a checkpoint to continue from, as in `fit`
                    *,
                    max_steps: int | None = None,   # or N optimizer steps (the schedule spans them)
-                   eval_every: int | None = None):  # also validate every N optimizer steps
+                   eval_every: int | None = None,  # also validate every N optimizer steps
+                   background: bool = False):     # run it in a worker thread and return at once, as `fit`
         "Fit `epochs` epochs (or `max_steps` steps) with a linear warmup to `lr` then cosine annealing to `lr_min`."
         _fit_scheduled(self, epochs, lr, cosine(lr_min, warmup_pct, warmup_steps, div), resume, max_steps, eval_every)
 
@@ -686,7 +685,8 @@ class Trainer:
                      resume: str | os.PathLike | None = None,  # a checkpoint to continue from, as in `fit`
                      *,
                      max_steps: int | None = None,   # or N optimizer steps
-                     eval_every: int | None = None):  # also validate every N optimizer steps
+                     eval_every: int | None = None,  # also validate every N optimizer steps
+                     background: bool = False):     # run it in a worker thread and return at once, as `fit`
         """Fit `epochs` epochs (or `max_steps` steps) at a constant `lr` (after an optional warmup), whatever
         `scheduler_func` the trainer has."""
         warm = warmup_steps if warmup_steps is not None else warmup_pct
@@ -703,7 +703,9 @@ class Trainer:
                 show: bool = True,       # draw the curve and the suggestions (in a notebook: the widget)
                 suggest_funcs: Sequence | Mapping | None = None,  # names from `SUGGESTIONS` or {name: func}; None: all
                 check: int = 0,          # 0: no check; else steps a run of each candidate LR trains for (40 is good)
-                runs: int = 3):          # runs of each candidate, on different batches (their mean scores it)
+                runs: int = 3,           # runs of each candidate, on different batches (their mean scores it)
+                *,
+                background: bool = False):  # run it in a worker thread, its widget in the view (see `background`)
         """Sweep the LR and suggest one (with `check=40`, also train a few candidates for `check` steps each, `runs`
         times), leaving the trainer as it was: an `LRFindResult` (see `trainer_nb.lr_find`)."""
         return lr_find(self, start_lr, end_lr, num_it, beta, div, show, suggest_funcs, check, runs)
@@ -722,7 +724,7 @@ class Trainer:
 
     @_background_door
     def fine_tune(self, epochs: int, base_lr: float = 2e-3, freeze_epochs: int = 1, lr_mult: float = 100.,
-                  pct_start: float = 0.3, div: float = 5., **kw):
+                  pct_start: float = 0.3, div: float = 5., *, background: bool = False, **kw):
         "The last group alone for `freeze_epochs`, then every group with smaller LRs for the first: see `workflow`."
         return fine_tune(self, epochs, base_lr, freeze_epochs, lr_mult, pct_start, div, **kw)
 
@@ -751,7 +753,7 @@ class Trainer:
         return self._stop_asked
 
     @_background_door
-    def resume(self):
+    def resume(self, *, background: bool = False):
         """Continue the fit that the stop button (or `stop()`) ended, from where it stopped: the same schedule,
         position and data order, in memory (no checkpoint). It ends with the weights an uninterrupted fit would have."""
         return _resume_stopped(self)
@@ -1741,9 +1743,14 @@ _ACTIVE = []   # the trainers whose fit is running (the innermost last): where `
 
 def log_scalar(name: str, value):
     "Log `value` under `name` to the trainer whose `fit` is training (from a model's `forward`...); else nothing."
-    me = threading.current_thread()   # (trainers may fit at once, each in its own thread: `background=True`)
-    t = next((t for t in reversed(_ACTIVE) if t._fit_thread is me), None)
+    if not _ACTIVE: return
+    t = _ACTIVE[-1] if len(_ACTIVE) == 1 else _fitting_here()   # (one fitting: no lookup, nothing for a compiler)
     if t is not None and t.phase == 'train': t.log(name, value)
+
+def _fitting_here():
+    "The trainer fitting in this thread (trainers may fit at once, each in its own thread: `background=True`)."
+    me = threading.current_thread()
+    return next((t for t in reversed(_ACTIVE) if t._fit_thread is me), None)
 
 # %% ../nbs/00_core.ipynb #906a9798
 def _fmt(v):
