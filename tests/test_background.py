@@ -205,12 +205,12 @@ def test_an_lr_change_survives_sigkill_bitwise(tmp_path):
 def test_lr_find_in_the_background_then_a_fit_waits_for_it(capsys):
     ref = trainer()
     ref_res = ref.lr_find(show=False, num_it=30)
-    ref.fit(1, lr=1e-2)
+    ref.fit_one_cycle(1, 1e-2)
     t = trainer()
     t.lr_find(show=False, num_it=30, background=True)
     with t.paused():   # held inside the sweep: a fit asked now has to wait for the finder
         assert t.running and t.background.what == 'lr_find'
-        fitting = threading.Thread(target=t.fit, args=(1,), kwargs={'lr': 1e-2})
+        fitting = threading.Thread(target=t.fit_one_cycle, args=(1, 1e-2))   # (a door that changes the trainer first)
         fitting.start()
         while 'Waiting for the LR finder' not in capsys.readouterr().out: threading.Event().wait(0.01)
     fitting.join()       # the finder ended (the trainer put back as it was), then the fit ran

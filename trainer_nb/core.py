@@ -44,7 +44,7 @@ def _check_free(t, what: str, held_ok: bool = False):
     bg = t.background
     if bg is None or bg.done.is_set() or threading.current_thread() is bg.thread or (held_ok and t.held is not None):
         return
-    if bg.what == 'lr_find' and what == 'start a fit':
+    if bg.what == 'lr_find' and what.startswith('start'):
         print("Waiting for the LR finder running in the background to end first", flush=True)
         bg.done.wait()
         return
@@ -81,7 +81,10 @@ def _background_door(f):
     "The door `f` of `Trainer`, whose `background=True` (a keyword argument of it) runs the call in the background."
     @functools.wraps(f)
     def door(self, *args, **kw):
-        if not kw.get('background'): return f(self, *args, **kw)
+        if not kw.get('background'):
+            # refused (or, after a background `lr_find`, waiting) before `fit_one_cycle`... changes the trainer
+            _check_free(self, 'start a fit' if f.__name__ == 'fit' else f'start {f.__name__}')
+            return f(self, *args, **kw)
         kw['background'] = False
         _start_background(self, f.__name__, lambda: f(self, *args, **kw))
     return door
@@ -176,7 +179,6 @@ class Trainer:
         directory), continue an interrupted fit where its checkpoint left it: `epochs` and `max_steps` are then the
         ones the interrupted call asked for. The quick checks are in `trainer_nb.workflow`; `background=True`: see
         "Beside the notebook"."""
-        _check_free(self, 'start a fit')
         if limit_batches is not None or overfit_batches is not None or fast_dev_run:
             return quick_fit(self, epochs, lr, resume, limit_batches, overfit_batches, fast_dev_run,
                              max_steps=max_steps, eval_every=eval_every)
