@@ -81,6 +81,10 @@ def _json_value(v):
 
 _COUNTERS = ('kind', 'step', 'epoch', 'iteration', 'samples', 'time')
 
+def _is_log_file(p: Path) -> bool:
+    "The log's own file (not a directory to hold `metrics.jsonl`): a file already, or named like one."
+    return p.is_file() or p.suffix.lower() in ('.jsonl', '.json', '.log', '.txt')
+
 # %% ../nbs/21_monitor.ipynb #3d83a155
 class MetricsLog(MainProcessHook):
     """Append one JSON line per epoch and per `every_steps` optimizer steps to `path`, and log them to Accelerate's
@@ -91,7 +95,7 @@ class MetricsLog(MainProcessHook):
     def __init__(self, path, every_steps: int | None = 50,
                  trackers: bool = True):   # also send the records to `trainer.accelerator`'s started trackers
         p = Path(path)
-        self.path = p / 'metrics.jsonl' if p.is_dir() or not p.suffix else p
+        self.path = p if _is_log_file(p) else p / 'metrics.jsonl'
         self.every_steps, self.trackers, self._send = every_steps, trackers, trackers
         self._f, self._lo, self._t0, self._cut = None, None, None, None
 
