@@ -285,6 +285,12 @@ class LayerStats(MainProcessHook):
         "Heat maps of the statistics per layer over the steps (`plot_layer_stats`)."
         return plot_layer_stats(self, which)
 
+    def series(self, stat: str = 'act_std') -> tuple:
+        "`(steps, values)`: the steps sampled and `stat` (one of `STATS`) per sample and layer, `(samples, layers)`."
+        s = self.samples
+        if s is None: return np.zeros(0, np.int64), np.zeros((0, len(self.names or ())), np.float32)
+        return s.steps[:s.len], s.data[:s.len, :, STATS.index(stat)]
+
     def to_frame(self, since: int = 0):
         "One row per sample and module (after step `since`): `step`, `layer` and the statistics (see above)."
         import pandas as pd   # (importing the library does not import pandas)
