@@ -128,3 +128,51 @@ def test_no_timing_no_clocked_hooks():
     (name, f), = t._calls['after_batch']
     assert name == 'Nap' and f.__self__ is t.hooks[0]
     with pytest.raises(LookupError, match="No hooks of type Timing"): t.timing
+
+
+def timed_fit(loader_sleeps: bool, mode: str):
+    "A 2-epoch fit with a `Timing` hook and a `Progress` in `mode`, its loader sleeping 30 ms a batch or not."
+    import io
+    from trainer_nb.core import Trainer
+    from trainer_nb.hooks import Timing
+    from trainer_nb.progress import Progress
+    prog = Progress(mode=mode, file=io.StringIO(), every=0)
+    ds = Slow() if loader_sleeps else regression_ds()
+    t = Trainer(small_model(), DataLoader(ds, batch_size=8), loss_func=F.mse_loss, hooks=[Timing(), prog],
+                default_hooks=False)
+    seen = []
+    class Look(Hook):   # what the dashboard shows at each batch's end, after Progress drew it
+        order = 30
+        def after_batch(self): seen.append(prog.view.widget.value if mode == 'widget' else None)
+    t.add_hooks(Look())
+    t.fit(2)
+    return t, prog, seen
+
+
+HINT = "Timing: the loop waited for the data loader"
+
+
+@pytest.mark.parametrize('sleeps', [True, False])
+def test_the_dashboard_says_where_the_time_goes(sleeps, capsys):
+    """With a `Timing` hook the dashboard's status line splits the fit's time (live, at each redraw, and in the record
+    left behind); the data-wait line shows when the loader sleeps (most of the time) and not otherwise; the fit's end
+    prints it no more (the dashboard said it)."""
+    t, prog, seen = timed_fit(sleeps, 'widget')
+    assert all("class='tnb-time'>time: data wait " in v and ' · step ' in v for v in seen), seen[-1]
+    assert all((HINT in v) == sleeps for v in seen[1:]), seen[-1]   # (the first batch: its wait is the workers' start)
+    assert "class='tnb-time'>time: data wait " in prog.final_html and (HINT in prog.final_html) == sleeps
+    assert ' · drawing ' in prog.final_html   # the dashboard's own time, apart
+    share = int(seen[-1].split('time: data wait ')[1].split('%')[0])
+    assert (share > 25) == sleeps, seen[-1]
+    assert HINT not in capsys.readouterr().out
+
+
+@pytest.mark.parametrize('sleeps', [True, False])
+def test_the_text_progress_says_where_the_time_goes(sleeps, capsys):
+    "In a terminal: the split after each epoch's results; the data-wait line once, only when the loader sleeps."
+    t, prog, _ = timed_fit(sleeps, 'text')
+    lines = prog.file.getvalue().splitlines()
+    assert [ln.startswith('time: data wait ') for ln in lines[1:]].count(True) == 2, lines
+    assert lines[2].startswith('time: data wait ') and ' · step ' in lines[2], lines
+    assert sum(HINT in ln for ln in lines) == (1 if sleeps else 0), lines
+    assert HINT not in capsys.readouterr().out   # (not printed again at the fit's end)
