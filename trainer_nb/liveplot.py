@@ -501,126 +501,12 @@ def baseline_series(rec: dict, beta: float, metrics=()) -> dict:
     for n in metrics: out['base_step:' + n], out['base:' + n] = per_eval(n)
     return out
 
-# %% ../nbs/04_liveplot.ipynb #6b6f7a97
-class _Frames:
-    "What `LivePlot` shows: a frame of the recorded curves, sent to the view."
-    def frame(self) -> dict:
-        """The curves now: `series` (step, raw and smoothed loss, lr per point; valid_step, valid_loss and each metric
-        per epoch), `metrics` (their names), `log` (a log loss axis?), `x` (the fit's first and last step), `step`."""
-        a = self._bins.arrays()
-        step = a['step']
-        sm = smooth(a['loss'], self._beta(), steps=step)
-        s = {'step': step, 'loss': a['loss'], 'smooth': sm, 'lr': a['lr'], 'valid_step': a['valid_step'],
-             'valid_loss': a['valid_loss']}
-        for n in self.metric_names: s['step:' + n], s[n] = self.rec.per_epoch(n)
-        sets = [(c['step'], c['new']) for c in self.trainer.changes if c['name'] == 'lr' and c['step'] >= self._x_start]
-        s['change_step'], s['change_lr'] = [x for x, _ in sets], [v for _, v in sets]
-        frame = {'series': s, 'metrics': list(self.metric_names), 'log': self._log_axis(sm, a['valid_loss']),
-                 'x': [self._x_start, self._x_end], 'step': int(self.trainer.state.step)}
-        if self._stats is not None: frame['layers'] = self._layers(s)
-        if self._base is not None: frame['baseline'] = self._base[0]
-        return frame if self._base is None else {**frame, 'series': {**s, **self._base[1]}}
-
-    def _layers(self, s: dict) -> dict:
-        "LayerStats' samples into the series `s` (`layer_step`; `layer_std`, `layer_dead` a sample after another)."
-        st = self._stats
-        s['layer_step'], std = st.series('act_std')
-        s['layer_std'], s['layer_dead'] = std.ravel(), st.series('near_zero')[1].ravel()
-        return {'names': [f"{n or 'model'} {k}" for n, k in zip(st.names, st.types)], 'every': st.every}
-
-    def _baseline(self) -> tuple[str, dict] | None:
-        "`(label, series)` of the run `compare` names, smoothed as the fit's own curves (None: no `compare`)."
-        if self.compare is None: return None
-        rec = find_run(self.compare)
-        return f"baseline: {rec.get('name') or '?'}", baseline_series(rec, self._beta(), self.metric_names)
-
-    def _log_axis(self, *curves) -> bool:
-        "A log loss axis? `log_loss`, or when None: from the first time the curves span a factor of `LOG_SPAN` on."
-        if self.log_loss is not None: return self.log_loss
-        if not self._auto_log:
-            r = _finite_range(*curves, log=True)
-            self._auto_log = bool(r) and r[1] >= LOG_SPAN * r[0]
-        return self._auto_log
-
-    def redraw(self):
-        "Send the view a frame of the curves now (normally called by the events, every `every` seconds)."
-        if self.view is None: return   # ('text' and 'off': no live view)
-        t = time.perf_counter()
-        self.view.show(*pack(self.frame()))
-        self._shown = self._now()
-        now = time.perf_counter()
-        self.draw_time += now - t
-        self.n_draws += 1
-        self._next = now + self.every
-
-    def _now(self) -> tuple:
-        "Where the fit is: the batches done and its current epoch results (a frame at the same place shows the same)."
-        return self.trainer.state.iteration, id(self.trainer.epoch_results)
-
-    def _beta(self) -> float:
-        "The smoothing factor: `beta`, or by default one whose window is about 1/20 of the fit (at most 50 steps)."
-        return self.beta if self.beta is not None else auto_beta(self._x_end - self._x_start + 1 or None)
-
-    def _metric_names(self) -> list[str]:
-        "The metrics the third panel shows (none: no third panel)."
-        m = self.metrics
-        if not m: return []
-        have = [name_of(f) for f in self.trainer.metrics]
-        if m is True: return have
-        names = [x if isinstance(x, str) else name_of(x) for x in m]
-        missing = [x for x in names if x not in have]
-        if missing: warnings.warn(f"LivePlot: {missing} not among the trainer's metrics {have}: "
-                                  "drawn only if the epoch results hold them", TrainerWarning)
-        return names
-
-# %% ../nbs/04_liveplot.ipynb #2ff436bd
-class _Picture:
-    "The picture `LivePlot` leaves behind: drawn by matplotlib when the fit ends, off the fit's own time in a notebook."
-    def png(self, column: bool = False) -> bytes:
-        "The curves as a PNG, drawn now (`column`: the panels one under another)."
-        if self.rec is None: raise RuntimeError("Nothing to draw yet: the plot reads its Recorder when a fit starts")
-        return draw_curves(self.frame(), column, *self.css_figsize()[:1], dpi=self.dpi, scale=self.scale)
-
-    def css_figsize(self) -> tuple:
-        "The size in inches (`figsize`, or 8.6 x 2.9), shown at `dpi` CSS pixels an inch."
-        return tuple(self.figsize or (8.6, 2.9))
-
-    def _leave_picture(self, frame: dict, view, after: float = 0.0):
-        "Draw the final picture: into the file at `path`, and in place of the widget (`after` a pause, in seconds)."
-        time.sleep(after)   # (on a thread: the fit's last steps first, rather than at the same time for the lock)
-        t = time.perf_counter()
-        try:
-            w = self.css_figsize()[0]
-            wide = draw_curves(frame, False, w, self.dpi, self.scale)
-            if self.path is not None:
-                with open(self.path, 'wb') as f: f.write(wide)
-            self._png = wide
-            if view is not None and getattr(view, 'handle', True) is not None:   # (a view shown somewhere)
-                narrow = draw_curves(frame, True, w, self.dpi, self.scale)
-                view.finish(static_bundle(wide, narrow, round(w * self.dpi)))
-        except Exception as e:   # never hide the fit's own outcome behind a drawing problem
-            warnings.warn(f"LivePlot could not draw the final curves: {type(e).__name__}: {e}", TrainerWarning)
-            if view is not None: view.finish(None)
-        finally: self.picture_time = time.perf_counter() - t
-
-    def wait(self, timeout: float | None = None):
-        "Wait until the picture of the last fit is drawn (in a notebook it is drawn while the notebook goes on)."
-        t = self._drawing
-        if t is not None:
-            t.join(timeout)
-            _DRAWING.discard(t)
-
-    @property
-    def last_png(self) -> bytes | None:
-        "The last fit's picture, PNG (waits for it when it is being drawn)."
-        self.wait()
-        return self._png
-
 # %% ../nbs/04_liveplot.ipynb #a220538f
-class LivePlot(_Frames, _Picture, MainProcessHook):
+class LivePlot(MainProcessHook):
     """Live loss and learning-rate curves (and metrics) in a notebook, drawn by the browser from the numbers it is sent;
     a static picture at the end of each fit."""
     order = 30
+    draws = True   # (its time is the drawing's, in `Timing`'s split)
 
     def __init__(self, mode: str = 'auto', every: float = 0.25, max_points: int = 500,
                  log_loss: bool | None = None,   # None: a log axis once the losses span a factor of `LOG_SPAN`
@@ -692,6 +578,117 @@ class LivePlot(_Frames, _Picture, MainProcessHook):
             if _in_kernel_cell(): _DRAWING.add(self._drawing)
             self._drawing.start()
         else: self._leave_picture(frame, view)   # a launched worker's view, or a file: drawn now
+
+    # ---- the frames: what it shows, sent to the view
+    def frame(self) -> dict:
+        """The curves now: `series` (step, raw and smoothed loss, lr per point; valid_step, valid_loss and each metric
+        per epoch), `metrics` (their names), `log` (a log loss axis?), `x` (the fit's first and last step), `step`."""
+        a = self._bins.arrays()
+        step = a['step']
+        sm = smooth(a['loss'], self._beta(), steps=step)
+        s = {'step': step, 'loss': a['loss'], 'smooth': sm, 'lr': a['lr'], 'valid_step': a['valid_step'],
+             'valid_loss': a['valid_loss']}
+        for n in self.metric_names: s['step:' + n], s[n] = self.rec.per_epoch(n)
+        sets = [(c['step'], c['new']) for c in self.trainer.changes if c['name'] == 'lr' and c['step'] >= self._x_start]
+        s['change_step'], s['change_lr'] = [x for x, _ in sets], [v for _, v in sets]
+        frame = {'series': s, 'metrics': list(self.metric_names), 'log': self._log_axis(sm, a['valid_loss']),
+                 'x': [self._x_start, self._x_end], 'step': int(self.trainer.state.step)}
+        if self._stats is not None: frame['layers'] = self._layers(s)
+        if self._base is not None: frame['baseline'] = self._base[0]
+        return frame if self._base is None else {**frame, 'series': {**s, **self._base[1]}}
+
+    def _layers(self, s: dict) -> dict:
+        "LayerStats' samples into the series `s` (`layer_step`; `layer_std`, `layer_dead` a sample after another)."
+        st = self._stats
+        s['layer_step'], std = st.series('act_std')
+        s['layer_std'], s['layer_dead'] = std.ravel(), st.series('near_zero')[1].ravel()
+        return {'names': [f"{n or 'model'} {k}" for n, k in zip(st.names, st.types)], 'every': st.every}
+
+    def _baseline(self) -> tuple[str, dict] | None:
+        "`(label, series)` of the run `compare` names, smoothed as the fit's own curves (None: no `compare`)."
+        if self.compare is None: return None
+        rec = find_run(self.compare)
+        return f"baseline: {rec.get('name') or '?'}", baseline_series(rec, self._beta(), self.metric_names)
+
+    def _log_axis(self, *curves) -> bool:
+        "A log loss axis? `log_loss`, or when None: from the first time the curves span a factor of `LOG_SPAN` on."
+        if self.log_loss is not None: return self.log_loss
+        if not self._auto_log:
+            r = _finite_range(*curves, log=True)
+            self._auto_log = bool(r) and r[1] >= LOG_SPAN * r[0]
+        return self._auto_log
+
+    def redraw(self):
+        "Send the view a frame of the curves now (normally called by the events, every `every` seconds)."
+        if self.view is None: return   # ('text' and 'off': no live view)
+        t = time.perf_counter()
+        self.view.show(*pack(self.frame()))
+        self._shown = self._now()
+        now = time.perf_counter()
+        self.draw_time += now - t
+        self.n_draws += 1
+        self._next = now + self.every
+
+    def _now(self) -> tuple:
+        "Where the fit is: the batches done and its current epoch results (a frame at the same place shows the same)."
+        return self.trainer.state.iteration, id(self.trainer.epoch_results)
+
+    def _beta(self) -> float:
+        "The smoothing factor: `beta`, or by default one whose window is about 1/20 of the fit (at most 50 steps)."
+        return self.beta if self.beta is not None else auto_beta(self._x_end - self._x_start + 1 or None)
+
+    def _metric_names(self) -> list[str]:
+        "The metrics the third panel shows (none: no third panel)."
+        m = self.metrics
+        if not m: return []
+        have = [name_of(f) for f in self.trainer.metrics]
+        if m is True: return have
+        names = [x if isinstance(x, str) else name_of(x) for x in m]
+        missing = [x for x in names if x not in have]
+        if missing: warnings.warn(f"LivePlot: {missing} not among the trainer's metrics {have}: "
+                                  "drawn only if the epoch results hold them", TrainerWarning)
+        return names
+
+    # ---- the picture left behind: drawn by matplotlib when the fit ends, off the fit's own time in a notebook
+    def png(self, column: bool = False) -> bytes:
+        "The curves as a PNG, drawn now (`column`: the panels one under another)."
+        if self.rec is None: raise RuntimeError("Nothing to draw yet: the plot reads its Recorder when a fit starts")
+        return draw_curves(self.frame(), column, *self.css_figsize()[:1], dpi=self.dpi, scale=self.scale)
+
+    def css_figsize(self) -> tuple:
+        "The size in inches (`figsize`, or 8.6 x 2.9), shown at `dpi` CSS pixels an inch."
+        return tuple(self.figsize or (8.6, 2.9))
+
+    def _leave_picture(self, frame: dict, view, after: float = 0.0):
+        "Draw the final picture: into the file at `path`, and in place of the widget (`after` a pause, in seconds)."
+        time.sleep(after)   # (on a thread: the fit's last steps first, rather than at the same time for the lock)
+        t = time.perf_counter()
+        try:
+            w = self.css_figsize()[0]
+            wide = draw_curves(frame, False, w, self.dpi, self.scale)
+            if self.path is not None:
+                with open(self.path, 'wb') as f: f.write(wide)
+            self._png = wide
+            if view is not None and getattr(view, 'handle', True) is not None:   # (a view shown somewhere)
+                narrow = draw_curves(frame, True, w, self.dpi, self.scale)
+                view.finish(static_bundle(wide, narrow, round(w * self.dpi)))
+        except Exception as e:   # never hide the fit's own outcome behind a drawing problem
+            warnings.warn(f"LivePlot could not draw the final curves: {type(e).__name__}: {e}", TrainerWarning)
+            if view is not None: view.finish(None)
+        finally: self.picture_time = time.perf_counter() - t
+
+    def wait(self, timeout: float | None = None):
+        "Wait until the picture of the last fit is drawn (in a notebook it is drawn while the notebook goes on)."
+        t = self._drawing
+        if t is not None:
+            t.join(timeout)
+            _DRAWING.discard(t)
+
+    @property
+    def last_png(self) -> bytes | None:
+        "The last fit's picture, PNG (waits for it when it is being drawn)."
+        self.wait()
+        return self._png
 
     @property
     def widget(self):
