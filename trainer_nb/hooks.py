@@ -251,7 +251,8 @@ class Timing(Hook):
         if self._t0 is None: return {}
         if self._cuda: self._read_events()
         t, hooks = self.totals, dict(self.by_hook)
-        wall = (time.perf_counter() if self.trainer is not None and self.trainer.fitting else self._mark) - self._t0
+        if self.trainer is not None and self.trainer.fitting: wall = time.perf_counter() - self._t0
+        else: wall = self._mark - self._t0 + sum(hooks.values()) - self._h   # (and the hooks' after_fit after its own)
         step = self._device if self._cuda else t['train_step']
         other = wall - t['data_wait'] - step - t['validation'] - sum(hooks.values())
         drawn = {h.name for h in self.trainer.hooks if getattr(h, 'draws', False)} if self.trainer is not None else ()

@@ -191,13 +191,13 @@ function colorOf(t) {   // t in [0, 1] -> a colour of the viridis scale; not fin
   return `rgb(${a.map((v, k) => Math.round(v + (b[k] - v) * f)).join(',')})`;
 }
 function heatPanels(spec, d, lims) {   // LayerStats' heat maps: log10 activation std, share near zero
-  const L = spec.layers;
+  const L = spec.layers, none = new Float64Array(0);
   if (!L) return [];
-  const std = Array.from(d.layer_std, v => v >= 0 ? Math.log10(v) : NaN), r = range([std], false);
-  const base = {x: d.layer_step, n: L.names.length, names: L.names, every: L.every, xlim: lims.x};
+  const std = Array.from(d.layer_std || none, v => v >= 0 ? Math.log10(v) : NaN), r = range([std], false);
+  const base = {x: d.layer_step || none, n: L.names.length, names: L.names, every: L.every, xlim: lims.x};
   const lim = r ? (r[1] > r[0] ? [Math.max(r[0], r[1] - DECADES), r[1]] : [r[0] - 1, r[0] + 1]) : [0, 1];
   return [{...base, title: 'activation std (log10)', v: std, lim},
-          {...base, title: 'share near zero (dead)', v: d.layer_dead, lim: [0, 1]}];
+          {...base, title: 'share near zero (dead)', v: d.layer_dead || none, lim: [0, 1]}];
 }
 function drawHeat(ctx, box, p, px) {   // one heat map in `box`: a row per layer, a column per sample; its cells drawn
   ctx.font = `${px}px ${FONT}`;
@@ -286,14 +286,15 @@ function render({model, el}) {
   root.appendChild(canvas);
   el.appendChild(root);
   const lims = {};
-  let frames = 0, pending = false;
+  let frames = 0, pending = false, heat = {};   // (heat: the last heat-map samples sent; a frame may leave them out)
   const draw = () => {
     pending = false;
     const spec = model.get('spec');
     if (!spec || !spec.series) return;
     const d = decode(spec, model.get('data')), ps = panels(spec, d, lims);
+    if (spec.layers && !spec.layers.same) heat = d;   // (its layer_* series)
     const avail = root.clientWidth || model.get('width');
-    const W = Math.max(Math.min(avail, model.get('width')), 120), row = W >= 560, hs = heatPanels(spec, d, lims);
+    const W = Math.max(Math.min(avail, model.get('width')), 120), row = W >= 560, hs = heatPanels(spec, heat, lims);
     const ph = row ? (W >= 700 ? model.get('height') : 250) : 210, y0 = row ? ph : ph * ps.length;
     const hh = hs.length ? Math.min(Math.max(60 + 16 * hs[0].n, 150), 320) : 0, H = y0 + (row ? hh : hh * hs.length);
     const dpr = window.devicePixelRatio || 1;
@@ -532,7 +533,7 @@ class LivePlot(MainProcessHook):
         self.wait()   # the last fit's picture
         self.active = resolve_mode(self.mode)
         self.draw_time, self.n_draws, self.picture_time, self.view, self._auto_log = 0.0, 0, 0.0, None, False
-        self._next = math.inf
+        self._next, self._heat_key, self._heat_at = math.inf, None, -math.inf
         if self.active == 'off' or (self.active == 'text' and self.path is None): return   # nothing to draw
         try: rec = self.trainer.get_hook(Recorder)
         except LookupError as e:
@@ -622,12 +623,24 @@ class LivePlot(MainProcessHook):
         "Send the view a frame of the curves now (normally called by the events, every `every` seconds)."
         if self.view is None: return   # ('text' and 'off': no live view)
         t = time.perf_counter()
-        self.view.show(*pack(self.frame()))
+        frame = self.frame()
+        self.view.show(*pack(self._heat_once(frame, t) if 'layers' in frame else frame))
         self._shown = self._now()
         now = time.perf_counter()
         self.draw_time += now - t
         self.n_draws += 1
         self._next = now + self.every
+
+    def _heat_once(self, frame: dict, now: float) -> dict:
+        """`frame` with LayerStats' samples only when they changed since the last frame sent, or 2 s after it (a view
+        opened since needs them); else without them, marked `same`: the view draws the last ones it got."""
+        s = frame['series']
+        key = (len(s['layer_step']), int(s['layer_step'][-1]) if len(s['layer_step']) else -1)
+        if key != self._heat_key or now - self._heat_at >= 2:
+            self._heat_key, self._heat_at = key, now
+            return frame
+        return {**frame, 'layers': {**frame['layers'], 'same': True},
+                'series': {k: v for k, v in s.items() if not k.startswith('layer_')}}
 
     def _now(self) -> tuple:
         "Where the fit is: the batches done and its current epoch results (a frame at the same place shows the same)."

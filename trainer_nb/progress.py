@@ -164,7 +164,7 @@ DASHBOARD_CSS = (
     "background:var(--jp-layout-color3,#e0e0e0)}"
     ".tnb-dash .tnb-bar>div{height:100%;background:var(--jp-brand-color1,#1976d2)}"
     ".tnb-dash .tnb-nw{white-space:nowrap;margin-left:.6em}"
-    ".tnb-dash .tnb-time{font-size:.9em;opacity:.85;margin:2px 0}.tnb-dash .tnb-hint{color:#b45309}"
+    ".tnb-dash .tnb-time{font-size:.9em;line-height:1.4;opacity:.85;margin:2px 0}.tnb-dash .tnb-hint{color:#b45309}"
     "@container (max-width:520px){.tnb-dash .tnb-bar{flex:1 1 auto;width:auto;margin-right:0}"
     ".tnb-dash .tnb-text{flex:1 0 100%;padding-left:4.5em;box-sizing:border-box}}</style>")
 
@@ -325,7 +325,8 @@ class Progress(MainProcessHook):
         split, hint = self.time_lines()
         if not split: return ''
         hint = f"<br><span class='tnb-hint'>{html.escape(hint)}</span>" if hint else ''
-        return f"<{tag} class='tnb-time'>{html.escape(split)}{hint}</{tag}>"
+        split = ' · '.join(f"<span style='white-space:nowrap'>{html.escape(x)}</span>" for x in split.split(' · '))
+        return f"<{tag} class='tnb-time'>{split}{hint}</{tag}>"
 
     def _widget_update(self, p, phase=None, table=False):
         ep, bt = self._texts(p, phase)
