@@ -48,3 +48,4 @@ def test_the_picture_holds_the_heat_maps():
     with_maps, without = draw_curves(f), draw_curves({**f, 'layers': None})
     height = lambda png: int.from_bytes(png[20:24], 'big')
     assert height(with_maps) > height(without) == 580
+

@@ -594,7 +594,7 @@ class LivePlot(MainProcessHook):
         s['change_step'], s['change_lr'] = [x for x, _ in sets], [v for _, v in sets]
         frame = {'series': s, 'metrics': list(self.metric_names), 'log': self._log_axis(sm, a['valid_loss']),
                  'x': [self._x_start, self._x_end], 'step': int(self.trainer.state.step)}
-        if self._stats is not None: frame['layers'] = self._layers(s)
+        if self._stats is not None and self._stats.names: frame['layers'] = self._layers(s)
         if self._base is not None: frame['baseline'] = self._base[0]
         return frame if self._base is None else {**frame, 'series': {**s, **self._base[1]}}
 
