@@ -225,8 +225,8 @@ class LayerStats(MainProcessHook):
             raise ValueError("LayerStats can't watch a compiled model (compile=True): adding and removing hooks on its "
                              "modules at each sampled step would make torch.compile recompile it there")
         chosen = _chosen(t.unwrapped_model, self.modules)
-        if not chosen: raise ValueError("LayerStats has no module to watch: the model has no leaf module with parameters "
-                                        "(or `modules` named none); name some with `modules=`")
+        if not chosen: raise ValueError("LayerStats has no module to watch: the model has no leaf module with "
+                                        "parameters (or `modules` named none); name some with `modules=`")
         if self.names is None or self.names != [n for n, _ in chosen]:   # (a later fit of the same model carries on)
             self.names, self.samples = [n for n, _ in chosen], _Samples(self.keep, len(chosen))
             self.types = [type(m).__name__ for _, m in chosen]
