@@ -256,3 +256,25 @@ def test_the_fits_thread_uses_the_notebooks_thread_count():
         t.wait()
         assert seen == [1] and t.background.threads == 1
     finally: torch.set_num_threads(before)
+
+
+def test_a_pause_counts_in_no_clock():
+    """Timing's, Profiler's and Progress's clocks skip a pause (`paused_for`): held a second at step 5 of a fit whose
+    loader never waits that long, none of them shows the second as data wait or wall time."""
+    import io, time
+    from trainer_nb.hooks import Profiler, Timing
+    from trainer_nb.progress import Progress
+    timing, prof, prog = Timing(), Profiler(), Progress(mode='text', file=io.StringIO())
+    t = trainer(hooks=[gate := Gate(5), timing, prof, prog], n=40)
+    t0 = time.perf_counter()
+    t.fit(1, background=True)
+    gate.reached.wait()
+    gate.go.set()
+    with t.paused():
+        time.sleep(1.0)   # (the pause's length: what the clocks must leave out)
+    t.wait()
+    outer, r = time.perf_counter() - t0, t.timing
+    assert t.paused_seconds >= 1.0
+    assert r['wall'] <= outer - t.paused_seconds and r['data_wait'] < 0.5, (r, outer)
+    assert prof.records[0]['data_wait'] < 0.9, prof.records   # (not skipped: the second, against 10 fast batches)
+    assert prog.snapshot()['elapsed'] <= outer - t.paused_seconds

@@ -198,3 +198,81 @@ def test_live_baseline_is_drawn_under_the_fit(tmp_path):
     assert 'ALL DONE 800' in outs[-1], outs
     assert label.startswith('baseline: fit-'), label
     assert live[1400]['layout'] == 'row' and live[420]['layout'] == 'column' and live[420]['doc'] <= 420, live
+
+
+LAYERS = """\
+from trainer_nb.inside import LayerStats
+from trainer_nb.hooks import Timing
+torch.manual_seed(0)
+net = nn.Sequential(nn.Linear(8, 64), nn.ReLU(), nn.Linear(64, 64), nn.ReLU(), nn.Linear(64, 64), nn.ReLU(),
+                    nn.Linear(64, 1))
+with torch.no_grad(): net[4].bias.fill_(-30.)   # its ReLU dead from the start
+tr = Trainer(net, dl, vdl, loss_func=F.mse_loss, metrics=[mae], cpu=True,
+             hooks=[Pace(), LayerStats(every=4, modules=(nn.Linear, nn.ReLU)), Timing()])
+tr.fit_one_cycle(4, 1e-2)"""
+
+# the heat maps as drawn: their layers and samples (the widget's `data-heat`), and the pixels of the dead ReLU's row:
+# viridis' yellow (a share of 1) in the area under the curves
+JS_HEAT = """() => {
+  const r = [...document.querySelectorAll('.trainer-nb-liveplot')].at(-1), c = r && r.querySelector('canvas');
+  if (!r || !r.dataset.heat) return null;
+  const h = JSON.parse(r.dataset.heat), k = c.width / c.getBoundingClientRect().width, y = Math.round(h.top * k);
+  const px = c.getContext('2d').getImageData(0, y, c.width, c.height - y).data;
+  let yellow = 0;
+  for (let i = 0; i < px.length; i += 4) if (px[i] > 240 && px[i + 1] > 215 && px[i + 2] < 60) yellow++;
+  const area = r.closest('.jp-OutputArea-output').getBoundingClientRect();
+  const time = document.querySelector('.trainer-nb-progress .tnb-time');   // the dashboard's status line (Timing)
+  return {...h, yellow: yellow / (k * k), layout: r.dataset.layout, canvas: c.getBoundingClientRect().width,
+          height: c.getBoundingClientRect().height, area: area.width, doc: document.documentElement.scrollWidth,
+          time: time ? time.innerText : '', time_right: time ? time.getBoundingClientRect().right : 0,
+          dash_right: time ? time.closest('.jp-OutputArea-output').getBoundingClientRect().right : 0};
+}"""
+
+
+@needs_browser
+def test_layer_stats_heat_maps_in_the_live_view(tmp_path):
+    """With a `LayerStats` hook in the fit, the live view draws its heat maps under the curves in JupyterLab: a row per
+    watched layer (7), a column per sample, growing while the fit runs; the dead ReLU's row is yellow (a share of 1
+    near zero); side by side at 1400 px, one under another within the output at 420 px; the picture left behind holds
+    them too (it is taller than the curves alone). With a `Timing` hook, the dashboard's status line says where the
+    time goes, within the output at both widths."""
+    root, shots = tmp_path / 'root', {}
+    with lab_server(tmp_path) as server:
+        write_notebook(root / 'run.ipynb', [SETUP, LAYERS, DONE])
+        with notebook_page(server, 'run.ipynb', viewport=(1400, 1000)) as page:
+            page.evaluate("() => window.jupyterapp.shell.collapseLeft()")
+            run_all_cells(page)
+            page.wait_for_function(f"(() => {{ const h = ({JS_HEAT})(); return h && h.samples >= 60; }})",
+                                   timeout=180_000)
+            heat = {1400: page.evaluate(JS_HEAT)}
+            shots[1400] = tmp_path / 'layerstats-panel-1400.png'
+            page.locator('.trainer-nb-liveplot').last.screenshot(path=str(shots[1400]))
+            at_width(page, 420)
+            page.set_viewport_size({'width': 420, 'height': 1600})   # a phone's page scrolled: the whole widget in view
+            page.wait_for_function("() => window.innerHeight === 1600")
+            heat[420] = page.evaluate(JS_HEAT)
+            shots[420] = tmp_path / 'layerstats-panel-420.png'
+            page.locator('.trainer-nb-liveplot').last.screenshot(path=str(shots[420]))
+            shots['dashboard_420'] = tmp_path / 'dashboard-timing-420.png'
+            page.locator('.trainer-nb-progress').last.screenshot(path=str(shots['dashboard_420']))
+            at_width(page, 1400)
+            wait_for_text(page, 'ALL DONE', timeout=300)
+            page.wait_for_function(f"({JS_PICTURE}) !== null", timeout=60_000)
+            natural = page.evaluate("() => { const i = document.querySelector('picture.trainer-nb-curves img');"
+                                    " return [i.naturalWidth, i.naturalHeight]; }")
+            outs = output_texts(page)
+    print(f"\nscreenshots {shots}\nheat {heat}\npicture {natural}")
+    assert 'ALL DONE 800' in outs[-1], outs
+    assert 'LayerStats, epoch 1: 5 (100% of its output zero)' in outs[1], outs[1]   # the text a terminal shows too
+    for w in (1400, 420):
+        h = heat[w]
+        assert h['layers'] == 7 and h['samples'] >= 60 and h['cells'] == [7 * h['samples']] * 2, h
+        assert h['yellow'] > 1000, h   # the dead ReLU's row: at least 1000 CSS pixels of it
+    assert heat[420]['samples'] >= heat[1400]['samples']
+    assert heat[1400]['layout'] == 'row' and heat[1400]['canvas'] >= 800, heat
+    assert heat[420]['layout'] == 'column' and heat[420]['canvas'] <= heat[420]['area'] + 0.5, heat
+    assert heat[420]['doc'] <= 420, heat   # no sideways scroll
+    for w in (1400, 420):   # the dashboard's status line: where the time goes, within the output
+        assert heat[w]['time'].startswith('time: data wait ') and ' · step ' in heat[w]['time'], heat[w]
+        assert heat[w]['time_right'] <= heat[w]['dash_right'] + 0.5, heat[w]
+    assert natural[0] == 1720 and natural[1] > 580, natural   # the curves' 290 px and the heat maps under them

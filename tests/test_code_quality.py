@@ -52,9 +52,6 @@ def test_functions_are_short():
     assert not long, f"functions over {MAX_FUNC} lines:\n" + '\n'.join(long)
 
 
-PENDING = {'Progress', 'LivePlot'}   # pending: written in parts still, being made one class each (issue 31, item 2)
-
-
 def hook_classes():
     "Every class of a trainer_nb module that is a `base.Hook` (itself excepted), once, in the module that defines it."
     import trainer_nb
@@ -76,7 +73,7 @@ def test_a_hook_is_one_class():
     split = []
     for cls in classes:
         own = [k.__name__ for k in cls.__mro__ if k.__module__ == cls.__module__ and k is not Hook]
-        if len(own) > 1 and cls.__name__ not in PENDING: split.append(f"{cls.__module__}.{cls.__name__}: {own}")
+        if len(own) > 1: split.append(f"{cls.__module__}.{cls.__name__}: {own}")
     assert not split, "hook classes written in parts:\n" + '\n'.join(split)
 
 

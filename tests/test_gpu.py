@@ -101,3 +101,32 @@ def test_fp16_cuda_accumulation_and_clipping():
     assert [s or k for s, k in zip(watch.stepped, watch.skipped)] == [(i % 8) in (2, 5, 7) for i in range(32)]
     assert len(norms) == t.state.step                          # the torch optimizer ran only on real steps
     assert all(n <= 0.5 * (1 + 1e-3) for n in norms), norms    # clipped, in unscaled units
+
+
+@needs_cuda
+def test_timing_reads_cuda_events_without_a_sync_per_batch():
+    """On a GPU, `Timing`'s step time is the device's, from a pair of CUDA events per batch read when the split is asked
+    for: its per-batch work and the reads at the dashboard's pace make no host-device sync (CUDA's sync debug mode
+    raises on one), and at the fit's end no event is left unread."""
+    from trainer_nb.hooks import Timing
+
+    class Strict(Timing):
+        "Timing, with CUDA raising on any synchronizing call in its per-batch work and its reads."
+        def _strict(self, f, *args):
+            torch.cuda.set_sync_debug_mode('error')
+            try: return f(*args)
+            finally: torch.cuda.set_sync_debug_mode('default')
+        def before_batch(self): self._strict(super().before_batch)
+        def after_batch(self):
+            self._strict(super().after_batch)
+            self.reads.append(self._strict(self.report)['train_step'])   # as a display would, each batch
+        def before_fit(self):
+            super().before_fit()
+            self.reads = []
+
+    timing = Strict()
+    t, watch, _ = _train('no', setup=lambda t: t.add_hooks(timing))
+    r = t.timing
+    assert timing._cuda and timing._events == [] and len(timing.reads) == 32
+    assert r['train_step'] > 0 and r['train_step'] >= timing.reads[-1] and timing.reads == sorted(timing.reads)
+    assert r['train_step'] <= r['wall'] and r['other'] >= 0

@@ -206,3 +206,12 @@ def test_layer_stats_refuses_a_compiled_model():
     t = Trainer(relu_net(), DataLoader(regression_ds(16), batch_size=4), loss_func=F.mse_loss, default_hooks=False,
                 hooks=[LayerStats()], compile=True)
     with pytest.raises(ValueError, match="can't watch a compiled model"): t.fit(1)
+
+
+def test_layer_stats_refuses_to_watch_nothing():
+    "A LayerStats with no module to watch says so before the fit's first batch (it raised inside torch.stack before)."
+    from trainer_nb.inside import LayerStats
+    t = Trainer(nn.Linear(4, 1), [(torch.randn(8, 4), torch.randn(8, 1))] * 4, loss_func=F.mse_loss, cpu=True,
+                hooks=[LayerStats(every=2, modules=[])], default_hooks=False)
+    with pytest.raises(ValueError, match="LayerStats has no module to watch"): t.fit(1)
+    assert t.state.iteration == 0

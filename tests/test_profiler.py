@@ -128,3 +128,60 @@ def test_no_timing_no_clocked_hooks():
     (name, f), = t._calls['after_batch']
     assert name == 'Nap' and f.__self__ is t.hooks[0]
     with pytest.raises(LookupError, match="No hooks of type Timing"): t.timing
+
+
+def timed_fit(loader_sleeps: bool, mode: str):
+    "A 2-epoch fit with a `Timing` hook and a `Progress` in `mode`: its loader sleeps 30 ms a batch, or batches in a list."
+    import io
+    from trainer_nb.core import Trainer
+    from trainer_nb.hooks import Timing
+    from trainer_nb.progress import Progress
+    prog = Progress(mode=mode, file=io.StringIO(), every=0)
+    data = DataLoader(Slow(), batch_size=8) if loader_sleeps else list(DataLoader(regression_ds(), batch_size=8))
+    t = Trainer(small_model(), data, loss_func=F.mse_loss, hooks=[Timing(), prog],
+                default_hooks=False)
+    seen = []
+    class Look(Hook):   # what the dashboard shows at each batch's end, after Progress drew it
+        order = 30
+        def after_batch(self): seen.append(prog.view.widget.value if mode == 'widget' else None)
+    t.add_hooks(Look())
+    t.fit(2)
+    return t, prog, seen
+
+
+HINT = "Timing: the loop waited for the data loader"
+
+
+def status_line(page: str) -> str:
+    "The dashboard's status line of the time's split (and the data-wait line under it), as the page reads it."
+    import re
+    m = re.search(r"<(div|p) class='tnb-time'>(.*?)</\1>", page)
+    return re.sub(r'<br>', '\n', re.sub(r'<(?!br>)[^>]+>', '', m.group(2))) if m else ''
+
+
+@pytest.mark.parametrize('sleeps', [True, False])
+def test_the_dashboard_says_where_the_time_goes(sleeps, capsys):
+    """With a `Timing` hook the dashboard's status line splits the fit's time (live, at each redraw, and in the record
+    left behind); the data-wait line shows when the loader sleeps (most of the time) and not otherwise; the fit's end
+    prints it no more (the dashboard said it)."""
+    t, prog, seen = timed_fit(sleeps, 'widget')
+    lines = [status_line(v) for v in seen]
+    assert all(ln.startswith('time: data wait ') and ' · step ' in ln for ln in lines), seen[-1]
+    assert all((HINT in ln) == sleeps for ln in lines[1:]), lines[-1]   # (the first batch: its wait is the workers' start)
+    final = status_line(prog.final_html)
+    assert final.startswith('time: data wait ') and (HINT in final) == sleeps, final
+    assert ' · drawing ' in final   # the dashboard's own time, apart
+    share = int(lines[-1].split('time: data wait ')[1].split('%')[0])
+    assert (share > 25) == sleeps, lines[-1]
+    assert HINT not in capsys.readouterr().out
+
+
+@pytest.mark.parametrize('sleeps', [True, False])
+def test_the_text_progress_says_where_the_time_goes(sleeps, capsys):
+    "In a terminal: the split after each epoch's results; the data-wait line once, only when the loader sleeps."
+    t, prog, _ = timed_fit(sleeps, 'text')
+    lines = prog.file.getvalue().splitlines()
+    assert [ln.startswith('time: data wait ') for ln in lines[1:]].count(True) == 2, lines
+    assert lines[2].startswith('time: data wait ') and ' · step ' in lines[2], lines
+    assert sum(HINT in ln for ln in lines) == (1 if sleeps else 0), lines
+    assert HINT not in capsys.readouterr().out   # (not printed again at the fit's end)

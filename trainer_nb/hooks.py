@@ -142,7 +142,7 @@ class Profiler(Hook):
     def __init__(self, hint_above: float = 0.25):
         self.records, self.hint_above, self._hinted = [], hint_above, False
 
-    def before_fit(self): self._hinted = False
+    def before_fit(self): self._hinted, self._t0, self._t_end = False, 0., 0.
 
     def before_epoch(self):
         t = self.trainer
@@ -162,6 +162,10 @@ class Profiler(Hook):
         self._t_end = now
         self._n += 1
 
+    def paused_for(self, seconds: float):
+        "The fit was held (`Trainer.paused`) for `seconds`: they count neither as data wait nor in the epoch's time."
+        self._t0, self._t_end = self._t0 + seconds, self._t_end + seconds
+
     def after_epoch(self):
         t = self.trainer
         wall = max(self._t_end - self._t0, 1e-9)
@@ -177,14 +181,23 @@ class Profiler(Hook):
     def state_dict(self) -> dict: return {'records': [dict(r) for r in self.records]}
     def load_state_dict(self, state: dict): self.records = _records(state['records'])
 
+# %% ../nbs/13_hooks.ipynb #d3a10006
+def _cuda_mark() -> torch.cuda.Event:
+    "A CUDA event recorded now on the current stream (it times; it does not wait)."
+    e = torch.cuda.Event(enable_timing=True)
+    e.record()
+    return e
+
 # %% ../nbs/13_hooks.ipynb #13a3bf0f
 class Timing(Hook):
-    "Where a fit's wall time goes (see above): `report()`, or `trainer.timing`."
+    "Where a fit's wall time goes (see above): `report()`, or `trainer.timing`; `line()` and `hint()` for a display."
     order = -10**6   # first at every event: its marks bound the other hooks' work, which it takes out
     untimed = True   # (its own few microseconds a call stay in the parts its marks bound)
+    most_events = 4096   # on a GPU: batches' events kept unread at most (then those done are read, without waiting)
 
     def __init__(self, hint_above: float = 0.25):
         self.by_hook, self.hint_above, self.totals, self._t0 = {}, hint_above, {}, None
+        self.hinted, self._cuda, self._events, self._open, self._device = False, False, [], None, 0.
 
     def _add(self, k: str):
         "Add the seconds since the last mark, less the hooks' time in them, to total `k`; move the mark."
@@ -196,27 +209,74 @@ class Timing(Hook):
         self.by_hook.clear()
         self.totals = dict.fromkeys(('data_wait', 'train_step', 'validation', 'other'), 0.)
         self._t0 = self._mark = time.perf_counter()
-        self._h = 0.
+        self._h, self.hinted = 0., False
+        self._cuda = self.trainer.device.type == 'cuda'
+        self._events, self._open, self._device = [], None, 0.
     def before_epoch(self): self._add('other')
-    def before_batch(self): self._add('data_wait')
-    def after_batch(self): self._add('train_step')
+    def before_batch(self):
+        self._add('data_wait')
+        if self._cuda: self._open = _cuda_mark()
+    def after_batch(self):
+        self._add('train_step')
+        if self._open is None: return
+        self._events.append((self._open, _cuda_mark()))
+        self._open = None
+        if len(self._events) > self.most_events: self._read_events()
     def before_valid(self): self._add('other')
     def after_valid(self): self._add('validation')
+    def after_epoch(self): self._read_events()
+
+    def paused_for(self, seconds: float):
+        "The fit was held (`Trainer.paused`) for `seconds`: they count in no part, nor in the wall time."
+        if self._t0 is not None: self._t0, self._mark = self._t0 + seconds, self._mark + seconds
 
     def after_fit(self):
         self._add('other')
-        r = self.report()
-        if r['wall'] and r['data_wait'] / r['wall'] > self.hint_above and self.trainer.is_main_process:
-            print(data_wait_hint(r['data_wait'] / r['wall'], 'Timing', "the fit's time"), flush=True)
+        if self._events: self._events[-1][1].synchronize()   # the fit's last batch done on the device: once a fit
+        line = self.hint() if self.trainer.is_main_process and not self.hinted else ''
+        if line: print(line, flush=True)
+
+    def _read_events(self):
+        "On a GPU: the device time of the batches whose end has passed (`query`, no wait) moves into the step time."
+        done = 0
+        for start, end in self._events:
+            if not end.query(): break
+            self._device += start.elapsed_time(end) / 1000
+            done += 1
+        del self._events[:done]
 
     def report(self) -> dict:
-        "`{'wall', 'data_wait', 'train_step', 'validation', 'hooks': {hook: seconds}, 'other'}` so far, in seconds."
+        """`{'wall', 'data_wait', 'train_step', 'validation', 'hooks': {hook: seconds}, 'drawing', 'other'}` so far, in
+        seconds (`drawing`: the hooks' that draw, `Progress` and `LivePlot`, which `hooks` holds too)."""
         if self._t0 is None: return {}
+        if self._cuda: self._read_events()
         t, hooks = self.totals, dict(self.by_hook)
-        wall = (time.perf_counter() if self.trainer is not None and self.trainer.fitting else self._mark) - self._t0
-        other = wall - t['data_wait'] - t['train_step'] - t['validation'] - sum(hooks.values())
-        return {'wall': wall, 'data_wait': t['data_wait'], 'train_step': t['train_step'],
-                'validation': t['validation'], 'hooks': hooks, 'other': other}
+        if self.trainer is not None and self.trainer.fitting: wall = time.perf_counter() - self._t0
+        else: wall = self._mark - self._t0 + sum(hooks.values()) - self._h   # (and the hooks' after_fit after its own)
+        step = self._device if self._cuda else t['train_step']
+        other = wall - t['data_wait'] - step - t['validation'] - sum(hooks.values())
+        drawn = {h.name for h in self.trainer.hooks if getattr(h, 'draws', False)} if self.trainer is not None else ()
+        return {'wall': wall, 'data_wait': t['data_wait'], 'train_step': step, 'validation': t['validation'],
+                'hooks': hooks, 'drawing': sum((v for k, v in hooks.items() if k in drawn), 0.),
+                'other': other if not self._cuda else max(other, 0.)}
+
+    def line(self, r: dict | None = None) -> str:
+        "The split as one short line, each part's share of the wall time: `data wait 31% · step 52% · ...`."
+        r = self.report() if r is None else r
+        w = r.get('wall') or 0.
+        if w <= 0: return ''
+        parts = (('data wait', r['data_wait']), ('step', r['train_step']), ('validation', r['validation']),
+                 ('hooks', sum(r['hooks'].values()) - r['drawing']), ('drawing', r['drawing']), ('other', r['other']))
+        return ' · '.join(f"{k} {v / w:.0%}" for k, v in parts if v / w >= 0.005)
+
+    def hint(self, r: dict | None = None, shown: bool = True) -> str:
+        """The data-wait line (`data_wait_hint`) when the loop waited for data more than `hint_above` of the wall time,
+        else ''. `shown`: the caller shows it, so the fit's end does not print it again."""
+        r = self.report() if r is None else r
+        share = r['data_wait'] / r['wall'] if r.get('wall') else 0.
+        if share <= self.hint_above: return ''
+        self.hinted = self.hinted or shown
+        return data_wait_hint(share, 'Timing', "the fit's time")
 
 # %% ../nbs/13_hooks.ipynb #6e101d02
 class CompileTimer(Hook):

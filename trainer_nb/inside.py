@@ -225,6 +225,8 @@ class LayerStats(MainProcessHook):
             raise ValueError("LayerStats can't watch a compiled model (compile=True): adding and removing hooks on its "
                              "modules at each sampled step would make torch.compile recompile it there")
         chosen = _chosen(t.unwrapped_model, self.modules)
+        if not chosen: raise ValueError("LayerStats has no module to watch: the model has no leaf module with "
+                                        "parameters (or `modules` named none); name some with `modules=`")
         if self.names is None or self.names != [n for n, _ in chosen]:   # (a later fit of the same model carries on)
             self.names, self.samples = [n for n, _ in chosen], _Samples(self.keep, len(chosen))
             self.types = [type(m).__name__ for _, m in chosen]
@@ -284,6 +286,12 @@ class LayerStats(MainProcessHook):
     def plot(self, which=('act_std', 'near_zero', 'update_ratio')):
         "Heat maps of the statistics per layer over the steps (`plot_layer_stats`)."
         return plot_layer_stats(self, which)
+
+    def series(self, stat: str = 'act_std') -> tuple:
+        "`(steps, values)`: the steps sampled and `stat` (one of `STATS`) per sample and layer, `(samples, layers)`."
+        s = self.samples
+        if s is None: return np.zeros(0, np.int64), np.zeros((0, len(self.names or ())), np.float32)
+        return s.steps[:s.len], s.data[:s.len, :, STATS.index(stat)]
 
     def to_frame(self, since: int = 0):
         "One row per sample and module (after step `since`): `step`, `layer` and the statistics (see above)."

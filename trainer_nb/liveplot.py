@@ -15,6 +15,7 @@ from .base import MainProcessHook, TrainerWarning, name_of, smooth
 from .progress import VIEWS, auto_beta, display_handle, open_view, resolve_mode
 from .recorder import Binned, Recorder, static_bundle, tick_label
 from .runs import find_run
+from .inside import LayerStats
 
 # %% ../nbs/04_liveplot.ipynb #40f59cc0
 LOG_SPAN = 10   # with `log_loss=None`, a loss axis turns logarithmic once its curves span this factor
@@ -90,6 +91,13 @@ function steady(prev, lo, hi, log) {   // axis limits holding [lo, hi], kept as 
   if (prev && base >= prev[0] && base - prev[0] <= 0.05 * span && hi <= prev[1] && prev[1] - prev[0] < 2 * span)
     return prev;
   return [base - 0.03 * span, hi + 0.15 * span];
+}
+function decode(spec, view) {   // the frame's series: float64 arrays, one after the other in `data`
+  const all = new Float64Array(view.buffer.slice(view.byteOffset, view.byteOffset + view.byteLength));
+  const out = {};
+  let at = 0;
+  for (const [name, n] of spec.series) { out[name] = all.subarray(at, at + n); at += n; }
+  return out;
 }
 """
 
@@ -172,15 +180,74 @@ function drawPanel(ctx, box, p, px) {   // one panel `p` in `box` (CSS pixels); 
 }
 """
 
+# %% ../nbs/04_liveplot.ipynb #c0a1e7a2
+_JS_HEAT = r"""
+const DECADES = 4;   // the std's scale: at most this many decades down from the largest (lower: its end colour)
+const VIRIDIS = [[68, 1, 84], [59, 82, 139], [33, 145, 140], [94, 201, 98], [253, 231, 37]];
+function colorOf(t) {   // t in [0, 1] -> a colour of the viridis scale; not finite -> light grey
+  if (Number.isNaN(t)) return '#e4e4e4';   // (an infinity takes the end of the scale it passes)
+  const u = Math.min(Math.max(t, 0), 1) * (VIRIDIS.length - 1), i = Math.min(Math.floor(u), VIRIDIS.length - 2);
+  const a = VIRIDIS[i], b = VIRIDIS[i + 1], f = u - i;
+  return `rgb(${a.map((v, k) => Math.round(v + (b[k] - v) * f)).join(',')})`;
+}
+function heatPanels(spec, d, lims) {   // LayerStats' heat maps: log10 activation std, share near zero
+  const L = spec.layers, none = new Float64Array(0);
+  if (!L) return [];
+  const std = Array.from(d.layer_std || none, v => v >= 0 ? Math.log10(v) : NaN), r = range([std], false);
+  const base = {x: d.layer_step || none, n: L.names.length, names: L.names, every: L.every, xlim: lims.x};
+  const lim = r ? (r[1] > r[0] ? [Math.max(r[0], r[1] - DECADES), r[1]] : [r[0] - 1, r[0] + 1]) : [0, 1];
+  return [{...base, title: 'activation std (log10)', v: std, lim},
+          {...base, title: 'share near zero (dead)', v: d.layer_dead || none, lim: [0, 1]}];
+}
+function drawHeat(ctx, box, p, px) {   // one heat map in `box`: a row per layer, a column per sample; its cells drawn
+  ctx.font = `${px}px ${FONT}`;
+  const most = box.w * 0.3, cut = s => {   // a name no wider than `most`: its end kept
+    if (ctx.measureText(s).width <= most) return s;
+    while (s.length > 1 && ctx.measureText('…' + s).width > most) s = s.slice(1);
+    return '…' + s;
+  };
+  const names = p.names.map(cut), bl = [fmt(+p.lim[1].toPrecision(2)), fmt(+p.lim[0].toPrecision(2))];
+  const left = box.x + Math.ceil(Math.max(...names.map(l => ctx.measureText(l).width), 10)) + 8;
+  const bar = 8 + 10 + 4 + Math.ceil(Math.max(...bl.map(l => ctx.measureText(l).width)));
+  const top = box.y + px + 10, right = box.x + box.w - bar - 4, bottom = box.y + box.h - 2 * px - 12;
+  const w = Math.max(right - left, 10), h = Math.max(bottom - top, 10), [X0, X1] = p.xlim, n = Math.max(p.n, 1);
+  const sx = v => left + (v - X0) / (X1 - X0 || 1) * w, rh = h / n, S = p.x.length, [lo, hi] = p.lim;
+  ctx.fillStyle = '#f6f6f6'; ctx.fillRect(left, top, w, h);
+  ctx.save(); ctx.beginPath(); ctx.rect(left, top, w, h); ctx.clip();
+  let cells = 0;
+  for (let i = 0; i < S; i++) {   // column i: from the sample before (or `every` steps back) to its own step
+    const a = Math.floor(sx(i ? p.x[i - 1] : p.x[0] - (S > 1 ? p.x[1] - p.x[0] : p.every))), b = Math.ceil(sx(p.x[i]));
+    for (let j = 0; j < p.n; j++, cells++) {
+      ctx.fillStyle = colorOf((p.v[i * p.n + j] - lo) / (hi - lo || 1));
+      ctx.fillRect(a, Math.floor(top + j * rh), Math.max(b - a, 1), Math.ceil(rh) + 1);
+    }
+  }
+  ctx.restore();
+  ctx.fillStyle = '#222'; ctx.strokeStyle = '#999'; ctx.lineWidth = 1;
+  ctx.strokeRect(left + 0.5, top + 0.5, w, h);
+  ctx.textAlign = 'right'; ctx.textBaseline = 'middle';
+  const every = Math.ceil((px + 2) / rh);   // a name every few rows when the rows are lower than the text
+  names.forEach((s, j) => { if (j % every === 0) ctx.fillText(s, left - 5, top + (j + 0.5) * rh); });
+  ctx.textAlign = 'center'; ctx.textBaseline = 'top';
+  for (const v of linearTicks(X0, X1, Math.max(2, Math.min(5, Math.floor(w / 70))))) {
+    const x = Math.round(sx(v)) + 0.5;
+    ctx.beginPath(); ctx.moveTo(x, bottom); ctx.lineTo(x, bottom + 3); ctx.stroke();
+    ctx.fillText(fmt(v), x, bottom + 4);
+  }
+  ctx.fillText('step', left + w / 2, bottom + px + 7);
+  ctx.font = `${px + 1}px ${FONT}`; ctx.textBaseline = 'alphabetic';
+  ctx.fillText(p.title, left + w / 2, box.y + px + 4);
+  const bx = right + 8;   // the colour bar: its top is `hi`, its bottom `lo`
+  for (let y = 0; y < h; y++) { ctx.fillStyle = colorOf(1 - y / h); ctx.fillRect(bx, top + y, 10, 1.5); }
+  ctx.font = `${px}px ${FONT}`; ctx.fillStyle = '#222'; ctx.textAlign = 'left';
+  ctx.textBaseline = 'top'; ctx.fillText(bl[0], bx + 13, top);
+  ctx.textBaseline = 'bottom'; ctx.fillText(bl[1], bx + 13, bottom);
+  return cells;
+}
+"""
+
 # %% ../nbs/04_liveplot.ipynb #0ef39940
 _JS_WIDGET = r"""
-function decode(spec, view) {   // the frame's series: float64 arrays, one after the other in `data`
-  const all = new Float64Array(view.buffer.slice(view.byteOffset, view.byteOffset + view.byteLength));
-  const out = {};
-  let at = 0;
-  for (const [name, n] of spec.series) { out[name] = all.subarray(at, at + n); at += n; }
-  return out;
-}
 function panels(spec, d, lims) {   // what each panel shows, its axis limits kept steady from frame to frame
   const x = d.step, last = x.length ? x[x.length - 1] : spec.x[0];
   const loss = {title: 'loss', log: spec.log, series: [
@@ -219,15 +286,17 @@ function render({model, el}) {
   root.appendChild(canvas);
   el.appendChild(root);
   const lims = {};
-  let frames = 0, pending = false;
+  let frames = 0, pending = false, heat = {};   // (heat: the last heat-map samples sent; a frame may leave them out)
   const draw = () => {
     pending = false;
     const spec = model.get('spec');
     if (!spec || !spec.series) return;
     const d = decode(spec, model.get('data')), ps = panels(spec, d, lims);
+    if (spec.layers && !spec.layers.same) heat = d;   // (its layer_* series)
     const avail = root.clientWidth || model.get('width');
-    const W = Math.max(Math.min(avail, model.get('width')), 120), row = W >= 560;
-    const ph = row ? (W >= 700 ? model.get('height') : 250) : 210, H = row ? ph : ph * ps.length;
+    const W = Math.max(Math.min(avail, model.get('width')), 120), row = W >= 560, hs = heatPanels(spec, heat, lims);
+    const ph = row ? (W >= 700 ? model.get('height') : 250) : 210, y0 = row ? ph : ph * ps.length;
+    const hh = hs.length ? Math.min(Math.max(60 + 16 * hs[0].n, 150), 320) : 0, H = y0 + (row ? hh : hh * hs.length);
     const dpr = window.devicePixelRatio || 1;
     canvas.width = Math.round(W * dpr); canvas.height = Math.round(H * dpr);
     canvas.style.width = W + 'px'; canvas.style.height = H + 'px';
@@ -237,6 +306,9 @@ function render({model, el}) {
     ctx.fillRect(0, 0, W, H);
     const pw = row ? W / ps.length : W;
     ps.forEach((p, i) => drawPanel(ctx, {x: row ? i * pw : 0, y: row ? 0 : i * ph, w: pw, h: ph}, p, 11));
+    const hw = row ? W / (hs.length || 1) : W, cells = hs.map((p, i) =>   // LayerStats' heat maps, under the curves
+      drawHeat(ctx, {x: row ? i * hw : 0, y: y0 + (row ? 0 : i * hh), w: hw, h: hh}, p, 11));
+    root.dataset.heat = hs.length ? JSON.stringify({layers: hs[0].n, samples: hs[0].x.length, cells, top: y0}) : '';
     frames += 1;
     root.dataset.frames = frames;   // what the page shows: the frames drawn and the last step in them
     root.dataset.step = spec.step;
@@ -251,7 +323,7 @@ function render({model, el}) {
 }
 export default {render};
 """
-_JS = _JS_AXES + _JS_PANEL + _JS_WIDGET
+_JS = _JS_AXES + _JS_PANEL + _JS_HEAT + _JS_WIDGET
 
 # %% ../nbs/04_liveplot.ipynb #c734de5d
 @functools.cache
@@ -325,6 +397,40 @@ def _panels(frame: dict) -> list[tuple]:
         ps = [(title, log, extra + ls, sh + more) for (title, log, ls, sh), extra, more in zip(ps, lines, shown)]
     return ps
 
+# %% ../nbs/04_liveplot.ipynb #c0a1e7a3
+def _draw_heat(fig, frame: dict, column: bool, xlim: tuple):
+    "LayerStats' heat maps in `fig` (a subfigure under the curves), as the live view draws them (`drawHeat`)."
+    from matplotlib.cm import ScalarMappable
+    from matplotlib.colors import Normalize
+    from matplotlib.ticker import FuncFormatter, MaxNLocator
+    s, names, every = frame['series'], frame['layers']['names'], frame['layers']['every']
+    steps, n = np.asarray(s['layer_step'], dtype=np.float64), len(names)
+    std = np.asarray(s['layer_std'], dtype=np.float64).reshape(-1, n)
+    with np.errstate(divide='ignore', invalid='ignore'): std = np.log10(std)   # (0: -inf, drawn at the scale's end)
+    dead = np.asarray(s['layer_dead'], dtype=np.float64).reshape(-1, n)
+    r = _finite_range(std)
+    lim = ((max(r[0], r[1] - 4), r[1]) if r[1] > r[0] else (r[0] - 1, r[0] + 1)) if r else (0, 1)
+    std[std == -np.inf] = lim[0] - 1
+    gap = steps[1] - steps[0] if len(steps) > 1 else every   # column i spans from the sample before to its own step
+    edges = np.concatenate([steps[:1] - gap, steps])
+    labels = [x if len(x) <= 18 else '…' + x[-17:] for x in names]
+    axes = fig.subplots(2, 1) if column else fig.subplots(1, 2)
+    for ax, title, v, (lo, hi) in zip(axes, ('activation std (log10)', 'share near zero (dead)'), (std, dead),
+                                      (lim, (0, 1))):
+        ax.set_facecolor('#eeeeee')
+        if len(steps): ax.pcolormesh(edges, np.arange(n + 1) - 0.5, v.T, cmap='viridis', vmin=lo, vmax=hi)
+        cb = fig.colorbar(ScalarMappable(Normalize(lo, hi), 'viridis'), ax=ax, pad=0.01, fraction=0.05)
+        cb.ax.tick_params(labelsize=8)
+        every_n = max(1, math.ceil(n / 14))   # a name every few rows when there are many
+        ax.set_yticks(range(0, n, every_n), labels[::every_n], fontsize=8)
+        ax.set_ylim(n - 0.5, -0.5)
+        ax.set_xlim(*xlim)
+        ax.xaxis.set_major_locator(MaxNLocator(nbins=4 if column else 5, steps=[1, 2, 2.5, 5, 10]))
+        ax.xaxis.set_major_formatter(FuncFormatter(lambda x, _: tick_label(x)))
+        ax.tick_params(axis='x', labelsize=8.5)
+        ax.set_title(title, fontsize=9.5)
+        ax.set_xlabel('step', fontsize=8.5, labelpad=1)
+
 # %% ../nbs/04_liveplot.ipynb #f0634833
 def draw_curves(frame: dict, column: bool = False, width: float = 8.6, dpi: int = 100, scale: float = 2) -> bytes:
     """The curves of `frame` as a PNG: the panels side by side, `width` inches wide (`column=True`: one under
@@ -332,13 +438,16 @@ def draw_curves(frame: dict, column: bool = False, width: float = 8.6, dpi: int 
     from matplotlib.figure import Figure
     from matplotlib.backends.backend_agg import FigureCanvasAgg
     from matplotlib.ticker import FuncFormatter, MaxNLocator
-    ps = _panels(frame)
+    ps, layers = _panels(frame), frame.get('layers')
     size = (3.0, 2.1 * len(ps)) if column else (width, 2.9)
-    fig = Figure(figsize=size, dpi=dpi * scale, layout='constrained')
+    heat = min(max(0.6 + 0.16 * len(layers['names']), 1.5), 3.2) * (2 if column else 1) if layers else 0
+    fig = Figure(figsize=(size[0], size[1] + heat), dpi=dpi * scale, layout='constrained')
     FigureCanvasAgg(fig)
-    axes = fig.subplots(len(ps), 1) if column else fig.subplots(1, len(ps))
+    top, low = fig.subfigures(2, 1, height_ratios=[size[1], heat]) if layers else (fig, None)
+    axes = top.subplots(len(ps), 1) if column else top.subplots(1, len(ps))
     x0, x1 = frame['x']
     last = frame['step']
+    xlim = (x0, x1 if x1 >= last else x0 + max(last - x0, 1) * 1.02)
     for ax, (title, log, lines, shown) in zip(axes, ps):
         for x, y, style in lines: ax.plot(x, y, **style)
         ax.set_title(title, fontsize=9.5)
@@ -346,7 +455,7 @@ def draw_curves(frame: dict, column: bool = False, width: float = 8.6, dpi: int 
         else: ax.yaxis.set_major_locator(MaxNLocator(nbins=4, steps=[1, 2, 2.5, 5, 10]))
         r = _finite_range(*shown, log=log)
         if r: ax.set_ylim(*_limits(*r, log))
-        ax.set_xlim(x0, x1 if x1 >= last else x0 + max(last - x0, 1) * 1.02)
+        ax.set_xlim(*xlim)
         ax.xaxis.set_major_locator(MaxNLocator(nbins=4 if column or len(ps) == 3 else 5, steps=[1, 2, 2.5, 5, 10]))
         ax.set_xlabel('step', fontsize=8.5, labelpad=1)
         ax.tick_params(labelsize=8.5)
@@ -355,6 +464,7 @@ def draw_curves(frame: dict, column: bool = False, width: float = 8.6, dpi: int 
         ax.grid(alpha=0.3)
         if sum(bool(st.get('label')) and len(y) > 0 for _, y, st in lines) > 1 or (title == 'metrics'):
             ax.legend(loc='upper right', fontsize=8.5, frameon=True, framealpha=0.8, edgecolor='none')
+    if layers: _draw_heat(low, frame, column, xlim)
     buf = io.BytesIO()
     fig.savefig(buf, format='png')
     return buf.getvalue()
@@ -392,9 +502,85 @@ def baseline_series(rec: dict, beta: float, metrics=()) -> dict:
     for n in metrics: out['base_step:' + n], out['base:' + n] = per_eval(n)
     return out
 
-# %% ../nbs/04_liveplot.ipynb #6b6f7a97
-class _Frames:
-    "What `LivePlot` shows: a frame of the recorded curves, sent to the view."
+# %% ../nbs/04_liveplot.ipynb #a220538f
+class LivePlot(MainProcessHook):
+    """Live loss and learning-rate curves (and metrics) in a notebook, drawn by the browser from the numbers it is sent;
+    a static picture at the end of each fit."""
+    order = 30
+    draws = True   # (its time is the drawing's, in `Timing`'s split)
+
+    def __init__(self, mode: str = 'auto', every: float = 0.25, max_points: int = 500,
+                 log_loss: bool | None = None,   # None: a log axis once the losses span a factor of `LOG_SPAN`
+                 path=None,         # a PNG file written at the end of each fit
+                 beta: float | None = None,
+                 metrics=True,      # the metric panel: True for all the trainer's metrics, a list of names, or False
+                 figsize=None,      # in inches; default (8.6, 2.9)
+                 dpi: int = 100,    # CSS pixels per inch: the size the plot shows at
+                 scale: float = 2,  # pixels of the PNG per CSS pixel (2: sharp on high-density screens)
+                 compare=None):     # a run drawn under the fit's curves: 'last', a run's dir or name (`find_run`)
+        resolve_mode(mode)
+        if not every >= 0: raise ValueError(f"every must be >= 0 seconds, got {every!r}")
+        if max_points < 2: raise ValueError(f"max_points must be >= 2, got {max_points!r}")
+        if not (metrics is None or isinstance(metrics, bool) or isinstance(metrics, (list, tuple))):
+            raise TypeError(f"metrics must be None, True or a list of metric names, got {metrics!r}")
+        self.mode, self.every, self.max_points, self.log_loss, self.path = mode, every, max_points, log_loss, path
+        self.beta, self.metrics, self.figsize, self.dpi, self.scale = beta, metrics, figsize, dpi, scale
+        self.active, self.rec, self._bins, self.view, self._png, self._drawing = None, None, None, None, None, None
+        self.draw_time, self.n_draws, self.picture_time, self.metric_names, self._auto_log = 0.0, 0, 0.0, [], False
+        self._shown, self.compare, self._base, self._stats = None, compare, None, None   # (`_shown`: see `_now`)
+
+    def before_fit(self):
+        self.wait()   # the last fit's picture
+        self.active = resolve_mode(self.mode)
+        self.draw_time, self.n_draws, self.picture_time, self.view, self._auto_log = 0.0, 0, 0.0, None, False
+        self._next, self._heat_key, self._heat_at = math.inf, None, -math.inf
+        if self.active == 'off' or (self.active == 'text' and self.path is None): return   # nothing to draw
+        try: rec = self.trainer.get_hook(Recorder)
+        except LookupError as e:
+            raise LookupError("LivePlot draws what a Recorder records: add trainer_nb.recorder.Recorder "
+                              f"to the trainer's hooks ({e})") from None
+        if rec is not self.rec or self._bins is None or self._bins.max_points != self.max_points:
+            self.rec, self._bins = rec, Binned(rec, self.max_points)
+        self.metric_names = self._metric_names()
+        self._stats = next((h for h in self.trainer.hooks if isinstance(h, LayerStats)), None)   # heat maps
+        st, tr = self.trainer.state, self.trainer
+        # the fit's last step, when the dataloader has a length: the x axis spans the fit from the start (a fit
+        # resumed inside an epoch has done some of its steps)
+        done = tr.resumed.batch if tr.resumed is not None and not tr.resumed.stopped else 0
+        end = st.step + (st.epochs - st.epoch) * tr.steps_per_epoch - done // tr.grad_accum
+        self._x_start, self._x_end = st.step + 1, min(end, st.max_step) if st.max_step else end
+        if tr.resumed is None or self._base is None: self._base = self._baseline()   # 'last': the fit before this one
+        if self.active == 'widget':
+            w, h = self.css_figsize()
+            self.view = open_view('liveplot', round(w * self.dpi), round(h * self.dpi))
+            self.redraw()   # the panels at once, empty: the cell's layout does not jump when the curves come
+
+    def after_batch(self):
+        if time.perf_counter() >= self._next: self.redraw()   # 'off' and 'text': never
+    def before_valid(self):   # the epoch's last steps, before a validation that may take long
+        if time.perf_counter() >= self._next - 0.75 * self.every: self.redraw()
+    def after_epoch(self):    # its results; the last epoch's at once
+        st = self.trainer.state
+        if time.perf_counter() >= self._next - 0.75 * self.every or st.epoch + 1 >= st.epochs: self.redraw()
+
+    def after_fit(self):
+        view, active, self.active = self.view, self.active, None
+        if active in (None, 'off') or (view is None and self.path is None): return   # nothing shown, no file
+        try:
+            frame = self.frame()
+            if view is not None and self._shown != self._now(): view.show(*pack(frame))   # the end, at once
+        except Exception as e:
+            warnings.warn(f"LivePlot could not draw the final curves: {type(e).__name__}: {e}", TrainerWarning)
+            if view is not None: view.finish(None)
+            return
+        if isinstance(view, PlotView):   # drawn here: the fit returns, the picture follows (a cell waits for it)
+            self._drawing = threading.Thread(target=self._leave_picture, args=(frame, view, 0.02),
+                                             name='LivePlot picture')
+            if _in_kernel_cell(): _DRAWING.add(self._drawing)
+            self._drawing.start()
+        else: self._leave_picture(frame, view)   # a launched worker's view, or a file: drawn now
+
+    # ---- the frames: what it shows, sent to the view
     def frame(self) -> dict:
         """The curves now: `series` (step, raw and smoothed loss, lr per point; valid_step, valid_loss and each metric
         per epoch), `metrics` (their names), `log` (a log loss axis?), `x` (the fit's first and last step), `step`."""
@@ -408,8 +594,16 @@ class _Frames:
         s['change_step'], s['change_lr'] = [x for x, _ in sets], [v for _, v in sets]
         frame = {'series': s, 'metrics': list(self.metric_names), 'log': self._log_axis(sm, a['valid_loss']),
                  'x': [self._x_start, self._x_end], 'step': int(self.trainer.state.step)}
+        if self._stats is not None and self._stats.names: frame['layers'] = self._layers(s)
         if self._base is not None: frame['baseline'] = self._base[0]
         return frame if self._base is None else {**frame, 'series': {**s, **self._base[1]}}
+
+    def _layers(self, s: dict) -> dict:
+        "LayerStats' samples into the series `s` (`layer_step`; `layer_std`, `layer_dead` a sample after another)."
+        st = self._stats
+        s['layer_step'], std = st.series('act_std')
+        s['layer_std'], s['layer_dead'] = std.ravel(), st.series('near_zero')[1].ravel()
+        return {'names': [f"{n or 'model'} {k}" for n, k in zip(st.names, st.types)], 'every': st.every}
 
     def _baseline(self) -> tuple[str, dict] | None:
         "`(label, series)` of the run `compare` names, smoothed as the fit's own curves (None: no `compare`)."
@@ -429,12 +623,24 @@ class _Frames:
         "Send the view a frame of the curves now (normally called by the events, every `every` seconds)."
         if self.view is None: return   # ('text' and 'off': no live view)
         t = time.perf_counter()
-        self.view.show(*pack(self.frame()))
+        frame = self.frame()
+        self.view.show(*pack(self._heat_once(frame, t) if 'layers' in frame else frame))
         self._shown = self._now()
         now = time.perf_counter()
         self.draw_time += now - t
         self.n_draws += 1
         self._next = now + self.every
+
+    def _heat_once(self, frame: dict, now: float) -> dict:
+        """`frame` with LayerStats' samples only when they changed since the last frame sent, or 2 s after it (a view
+        opened since needs them); else without them, marked `same`: the view draws the last ones it got."""
+        s = frame['series']
+        key = (len(s['layer_step']), int(s['layer_step'][-1]) if len(s['layer_step']) else -1)
+        if key != self._heat_key or now - self._heat_at >= 2:
+            self._heat_key, self._heat_at = key, now
+            return frame
+        return {**frame, 'layers': {**frame['layers'], 'same': True},
+                'series': {k: v for k, v in s.items() if not k.startswith('layer_')}}
 
     def _now(self) -> tuple:
         "Where the fit is: the batches done and its current epoch results (a frame at the same place shows the same)."
@@ -456,9 +662,7 @@ class _Frames:
                                   "drawn only if the epoch results hold them", TrainerWarning)
         return names
 
-# %% ../nbs/04_liveplot.ipynb #2ff436bd
-class _Picture:
-    "The picture `LivePlot` leaves behind: drawn by matplotlib when the fit ends, off the fit's own time in a notebook."
+    # ---- the picture left behind: drawn by matplotlib when the fit ends, off the fit's own time in a notebook
     def png(self, column: bool = False) -> bytes:
         "The curves as a PNG, drawn now (`column`: the panels one under another)."
         if self.rec is None: raise RuntimeError("Nothing to draw yet: the plot reads its Recorder when a fit starts")
@@ -498,82 +702,6 @@ class _Picture:
         "The last fit's picture, PNG (waits for it when it is being drawn)."
         self.wait()
         return self._png
-
-# %% ../nbs/04_liveplot.ipynb #a220538f
-class LivePlot(_Frames, _Picture, MainProcessHook):
-    """Live loss and learning-rate curves (and metrics) in a notebook, drawn by the browser from the numbers it is sent;
-    a static picture at the end of each fit."""
-    order = 30
-
-    def __init__(self, mode: str = 'auto', every: float = 0.25, max_points: int = 500,
-                 log_loss: bool | None = None,   # None: a log axis once the losses span a factor of `LOG_SPAN`
-                 path=None,         # a PNG file written at the end of each fit
-                 beta: float | None = None,
-                 metrics=True,      # the metric panel: True for all the trainer's metrics, a list of names, or False
-                 figsize=None,      # in inches; default (8.6, 2.9)
-                 dpi: int = 100,    # CSS pixels per inch: the size the plot shows at
-                 scale: float = 2,  # pixels of the PNG per CSS pixel (2: sharp on high-density screens)
-                 compare=None):     # a run drawn under the fit's curves: 'last', a run's dir or name (`find_run`)
-        resolve_mode(mode)
-        if not every >= 0: raise ValueError(f"every must be >= 0 seconds, got {every!r}")
-        if max_points < 2: raise ValueError(f"max_points must be >= 2, got {max_points!r}")
-        if not (metrics is None or isinstance(metrics, bool) or isinstance(metrics, (list, tuple))):
-            raise TypeError(f"metrics must be None, True or a list of metric names, got {metrics!r}")
-        self.mode, self.every, self.max_points, self.log_loss, self.path = mode, every, max_points, log_loss, path
-        self.beta, self.metrics, self.figsize, self.dpi, self.scale = beta, metrics, figsize, dpi, scale
-        self.active, self.rec, self._bins, self.view, self._png, self._drawing = None, None, None, None, None, None
-        self.draw_time, self.n_draws, self.picture_time, self.metric_names, self._auto_log = 0.0, 0, 0.0, [], False
-        self._shown, self.compare, self._base = None, compare, None   # (`_shown`: where the last frame sent was)
-
-    def before_fit(self):
-        self.wait()   # the last fit's picture
-        self.active = resolve_mode(self.mode)
-        self.draw_time, self.n_draws, self.picture_time, self.view, self._auto_log = 0.0, 0, 0.0, None, False
-        self._next = math.inf
-        if self.active == 'off' or (self.active == 'text' and self.path is None): return   # nothing to draw
-        try: rec = self.trainer.get_hook(Recorder)
-        except LookupError as e:
-            raise LookupError("LivePlot draws what a Recorder records: add trainer_nb.recorder.Recorder "
-                              f"to the trainer's hooks ({e})") from None
-        if rec is not self.rec or self._bins is None or self._bins.max_points != self.max_points:
-            self.rec, self._bins = rec, Binned(rec, self.max_points)
-        self.metric_names = self._metric_names()
-        st, tr = self.trainer.state, self.trainer
-        # the fit's last step, when the dataloader has a length: the x axis spans the fit from the start (a fit
-        # resumed inside an epoch has done some of its steps)
-        done = tr.resumed.batch if tr.resumed is not None and not tr.resumed.stopped else 0
-        end = st.step + (st.epochs - st.epoch) * tr.steps_per_epoch - done // tr.grad_accum
-        self._x_start, self._x_end = st.step + 1, min(end, st.max_step) if st.max_step else end
-        if tr.resumed is None or self._base is None: self._base = self._baseline()   # 'last': the fit before this one
-        if self.active == 'widget':
-            w, h = self.css_figsize()
-            self.view = open_view('liveplot', round(w * self.dpi), round(h * self.dpi))
-            self.redraw()   # the panels at once, empty: the cell's layout does not jump when the curves come
-
-    def after_batch(self):
-        if time.perf_counter() >= self._next: self.redraw()   # 'off' and 'text': never
-    def before_valid(self):   # the epoch's last steps, before a validation that may take long
-        if time.perf_counter() >= self._next - 0.75 * self.every: self.redraw()
-    def after_epoch(self):    # its results; the last epoch's at once
-        st = self.trainer.state
-        if time.perf_counter() >= self._next - 0.75 * self.every or st.epoch + 1 >= st.epochs: self.redraw()
-
-    def after_fit(self):
-        view, active, self.active = self.view, self.active, None
-        if active in (None, 'off') or (view is None and self.path is None): return   # nothing shown, no file
-        try:
-            frame = self.frame()
-            if view is not None and self._shown != self._now(): view.show(*pack(frame))   # the end, at once
-        except Exception as e:
-            warnings.warn(f"LivePlot could not draw the final curves: {type(e).__name__}: {e}", TrainerWarning)
-            if view is not None: view.finish(None)
-            return
-        if isinstance(view, PlotView):   # drawn here: the fit returns, the picture follows (a cell waits for it)
-            self._drawing = threading.Thread(target=self._leave_picture, args=(frame, view, 0.02),
-                                             name='LivePlot picture')
-            if _in_kernel_cell(): _DRAWING.add(self._drawing)
-            self._drawing.start()
-        else: self._leave_picture(frame, view)   # a launched worker's view, or a file: drawn now
 
     @property
     def widget(self):

@@ -14,6 +14,7 @@ __all__ = ['MODES', 'view_box', 'RESULTS_CSS', 'VIEWS', 'DASHBOARD_CSS', 'detect
 # %% ../nbs/03_progress.ipynb #74f30a3d
 import torch
 from .base import MainProcessHook, CancelFit, Smoother, TrainerWarning
+from .hooks import Timing
 
 # %% ../nbs/03_progress.ipynb #2863683d
 MODES = ('auto', 'widget', 'text', 'off')
@@ -163,6 +164,7 @@ DASHBOARD_CSS = (
     "background:var(--jp-layout-color3,#e0e0e0)}"
     ".tnb-dash .tnb-bar>div{height:100%;background:var(--jp-brand-color1,#1976d2)}"
     ".tnb-dash .tnb-nw{white-space:nowrap;margin-left:.6em}"
+    ".tnb-dash .tnb-time{font-size:.9em;line-height:1.4;opacity:.85;margin:2px 0}.tnb-dash .tnb-hint{color:#b45309}"
     "@container (max-width:520px){.tnb-dash .tnb-bar{flex:1 1 auto;width:auto;margin-right:0}"
     ".tnb-dash .tnb-text{flex:1 0 100%;padding-left:4.5em;box-sizing:border-box}}</style>")
 
@@ -179,6 +181,7 @@ class Dashboard:
         import ipywidgets as W
         self.bounds = {'epoch': (first_epoch, max(n_epochs, first_epoch + 1)), 'batch': (0, max(n_batches, 1))}
         self.values, self.texts, self.table = {'epoch': first_epoch, 'batch': 0}, {'epoch': '', 'batch': ''}, ''
+        self.status = ''   # a line under the bars: where the time goes (`Timing`), when the fit has one
         self.widget = W.HTML(self.html())
         self.widget.add_class('trainer-nb-progress')
         self.handle = display_handle(self.widget)
@@ -186,14 +189,17 @@ class Dashboard:
     def html(self) -> str:
         "What the widget shows now."
         bars = ''.join(_bar_row(k, self.values[k], *self.bounds[k], self.texts[k]) for k in ('epoch', 'batch'))
-        return f"{DASHBOARD_CSS}<div class='tnb-dash'>{bars}{self.table}</div>"
+        return f"{DASHBOARD_CSS}<div class='tnb-dash'>{bars}{self.status}{self.table}</div>"
 
-    def update(self, epoch: int, epoch_text: str, batch: int | None, batch_text: str, table: str | None = None):
-        "Set the bars (`batch=None` leaves the batch bar as it is), their texts and, when given, the table's HTML."
+    def update(self, epoch: int, epoch_text: str, batch: int | None, batch_text: str, table: str | None = None,
+               status: str | None = None):
+        """Set the bars (`batch=None` leaves the batch bar as it is), their texts and, when given, the table's HTML and
+        the status line's."""
         self.values['epoch'], self.texts['epoch'] = epoch, epoch_text
         if batch is not None: self.values['batch'] = batch
         self.texts['batch'] = batch_text
         if table is not None: self.table = table
+        if status is not None: self.status = status
         self.widget.value = self.html()
 
     def finish(self, html: str, text: str):
@@ -203,110 +209,11 @@ class Dashboard:
 
 VIEWS['dashboard'] = Dashboard
 
-# %% ../nbs/03_progress.ipynb #6f3693b8
-class _ProgressNumbers:
-    "What `Progress` shows, read from the trainer: counters, times, ETA and the smoothed loss."
-    def snapshot(self) -> dict:
-        "What the dashboard shows now: counters, times, ETA and the smoothed loss."
-        s, now = self.trainer.state, time.perf_counter()
-        self.smooth.update(self.tail.new(keep=2000).numpy())   # older ones have decayed away (beta**2000)
-        n, b = s.n_batches, s.iteration - self.it_epoch0   # batches done in this epoch
-        el_ep = now - self.t_epoch
-        rate = b / el_ep if el_ep > 0 and b else float('nan')
-        done_ep = s.epoch - self.first_epoch
-        frac = (done_ep + (b / n if n else 0)) / self.n_epochs if self.n_epochs else 1.0
-        el_fit = now - self.t_fit
-        # the trainer's epochs counted from 1, as in `epoch_results` and the history: a second fit goes on from there
-        return dict(epoch=min(s.epoch + 1, s.epochs), n_epochs=s.epochs, batch=b, n_batches=n,
-                    rate=rate, elapsed_epoch=el_ep, eta_epoch=(n - b) / rate if n and rate > 0 else float('nan'),
-                    elapsed=el_fit, eta=el_fit * (1 - frac) / frac if frac > 0 else float('nan'),
-                    loss=self.smooth.value)
-
-# %% ../nbs/03_progress.ipynb #f77037a6
-class _ProgressWidgets:
-    "The notebook part of `Progress`: the texts of a snapshot, sent to a `Dashboard` view."
-    def _widget_start(self):
-        s = self.trainer.state
-        self.view = open_view('dashboard', s.epochs, s.n_batches, s.epoch)
-
-    def _texts(self, p, phase=None):
-        ep = f"{p['epoch']}/{p['n_epochs']} [{fmt_time(p['elapsed'])}&lt;{fmt_time(p['eta'])}]"
-        n = p['n_batches']
-        bt = f"{p['batch']}/{n}" if n else f"{p['batch']}"
-        bt += f" [{fmt_time(p['elapsed_epoch'])}&lt;{fmt_time(p['eta_epoch'])}"
-        bt += f", {p['rate']:.1f} it/s]" if math.isfinite(p['rate']) else "]"
-        if math.isfinite(p['loss']): bt += f" <span class='tnb-nw'>loss {p['loss']:.4f}</span>"
-        if phase: bt += f" <span class='tnb-nw'><i>{phase}</i></span>"
-        return ep, bt
-
-    def _widget_update(self, p, phase=None, table=False):
-        ep, bt = self._texts(p, phase)
-        batch = min(p['batch'], p['n_batches']) if p['n_batches'] else None
-        self.view.update(p['epoch'] - 1 + (1 if table else 0), ep, batch, bt,
-                         self._table_html(self.table_rows) if table and self.rows else None)
-
-    def _table_html(self, last: int | None = None) -> str:
-        return results_html(self.rows, last)
-
-    def _final_line(self, p) -> str:
-        return (f"epoch {p['epoch']}/{p['n_epochs']}, batch {p['batch']}"
-                + (f"/{p['n_batches']}" if p['n_batches'] else '') + f" in {fmt_time(p['elapsed'])}"
-                + (f", smoothed loss {p['loss']:.4f}" if math.isfinite(p['loss']) else ''))
-
-    def _final_html(self) -> str:
-        line = f"<b>{html.escape(self.status)}</b>: {self._final_line(self.snapshot())}"
-        return f"<div class='trainer-nb-progress-done'><p>{line}</p>{self._table_html() if self.rows else ''}</div>"
-
-    def _final_text(self) -> str:
-        line = f"{self.status}: {self._final_line(self.snapshot())}"
-        return line + ('\n' + results_text(self.rows) if self.rows else '')
-
-    def _widget_finish(self):
-        self.final_html = self._final_html()
-        self.view.finish(self.final_html, self._final_text())
-
-# %% ../nbs/03_progress.ipynb #c14cf6e5
-class _ProgressText:
-    "The terminal part of `Progress`: a tqdm bar per epoch and one line of results per epoch."
-    def _out(self): return self.file if self.file is not None else sys.stdout
-
-    def _close_bar(self):
-        if self._bar is not None: self._bar.close()
-        self._bar = None
-
-    def _text_new_bar(self):
-        from tqdm import tqdm
-        self._close_bar()
-        s = self.trainer.state
-        self._bar = tqdm(total=s.n_batches or None, desc=f"epoch {s.epoch + 1}/{s.epochs}",
-                         leave=False, mininterval=0, miniters=1, dynamic_ncols=True, file=sys.stderr)
-
-    def _text_update(self, p, phase=None):
-        bar = self._bar
-        if bar is None: return
-        if p['batch'] > bar.n: bar.update(p['batch'] - bar.n)
-        post = f"loss {p['loss']:.4f}" if math.isfinite(p['loss']) else ''
-        bar.set_postfix_str(post + (f" {phase}" if phase else ''), refresh=True)
-
-    def _text_epoch_line(self):
-        self._close_bar()
-        cols, cells = _cells(self.rows)
-        r = cells[-1]
-        w = [max(len(c), 10) for c in cols]
-        out = self._out()
-        if not self._text_header_done:
-            print('  '.join(c.rjust(n) for c, n in zip(cols, w)), file=out, flush=True)
-            self._text_header_done = True
-        print('  '.join(str(v).rjust(n) for v, n in zip(r, w)), file=out, flush=True)
-
-    def _text_finish(self):
-        self._close_bar()
-        if self.status != 'done': print(f"fit {self.status}", file=self._out(), flush=True)
-
 # %% ../nbs/03_progress.ipynb #ac6317bd
-class Progress(_ProgressNumbers, _ProgressWidgets, _ProgressText, MainProcessHook):
+class Progress(MainProcessHook):
     "Live progress: an ipywidgets dashboard in notebooks, a tqdm bar and one line per epoch in terminals."
     order = 20
+    draws = True   # (its time is the drawing's, in `Timing`'s split)
 
     def __init__(self, mode: str = 'auto', every: float = 0.3,
                  beta: float | None = None,   # loss smoothing; None: `auto_beta` of the fit's batches
@@ -314,8 +221,9 @@ class Progress(_ProgressNumbers, _ProgressWidgets, _ProgressText, MainProcessHoo
                  table_rows: int | None = 5):   # epochs the live table shows (the last ones; None: all)
         resolve_mode(mode)   # check it now; decide at each fit
         self.mode, self.every, self.beta, self.file, self.table_rows = mode, every, beta, file, table_rows
-        self.rows, self.n_draws, self.draw_time, self.active, self.view = [], 0, 0.0, None, None
+        self.rows, self.n_draws, self.draw_time, self.active, self.view, self.timing = [], 0, 0.0, None, None, None
 
+    # ---- events
     def before_fit(self):
         tr, s = self.trainer, self.trainer.state
         self.active = resolve_mode(self.mode)
@@ -325,8 +233,9 @@ class Progress(_ProgressNumbers, _ProgressWidgets, _ProgressText, MainProcessHoo
         self.it_epoch0, self._next = s.iteration, (math.inf if self.active == 'off' else 0.0)
         beta = self.beta if self.beta is not None else auto_beta(self.n_epochs * s.n_batches)
         self.tail, self.smooth = LossTail(tr.losses), Smoother(beta)
-        if self.active == 'widget': self._widget_start()
-        elif self.active == 'text': self._text_header_done, self._bar = False, None
+        self.timing = next((h for h in tr.hooks if isinstance(h, Timing)), None)   # the status line's split
+        if self.active == 'widget': self.view = open_view('dashboard', s.epochs, s.n_batches, s.epoch)
+        elif self.active == 'text': self._text_header_done, self._bar, self._hinted = False, None, False
 
     def before_epoch(self):
         if self.active == 'off': return
@@ -365,6 +274,30 @@ class Progress(_ProgressNumbers, _ProgressWidgets, _ProgressText, MainProcessHoo
             warnings.warn(f"Progress could not close its display: {type(e).__name__}: {e}", TrainerWarning)
         self.active = None
 
+    # ---- the numbers
+    def snapshot(self) -> dict:
+        "What the dashboard shows now: counters, times, ETA and the smoothed loss."
+        s, now = self.trainer.state, time.perf_counter()
+        self.smooth.update(self.tail.new(keep=2000).numpy())   # older ones have decayed away (beta**2000)
+        n, b = s.n_batches, s.iteration - self.it_epoch0   # batches done in this epoch
+        el_ep = now - self.t_epoch
+        rate = b / el_ep if el_ep > 0 and b else float('nan')
+        done_ep = s.epoch - self.first_epoch
+        frac = (done_ep + (b / n if n else 0)) / self.n_epochs if self.n_epochs else 1.0
+        el_fit = now - self.t_fit
+        # the trainer's epochs counted from 1, as in `epoch_results` and the history: a second fit goes on from there
+        return dict(epoch=min(s.epoch + 1, s.epochs), n_epochs=s.epochs, batch=b, n_batches=n,
+                    rate=rate, elapsed_epoch=el_ep, eta_epoch=(n - b) / rate if n and rate > 0 else float('nan'),
+                    elapsed=el_fit, eta=el_fit * (1 - frac) / frac if frac > 0 else float('nan'),
+                    loss=self.smooth.value)
+
+    def time_lines(self) -> tuple[str, str]:
+        "`(split, hint)`: where the fit's time went so far, and the data-wait line ('' when none), from its `Timing`."
+        if self.timing is None: return '', ''
+        r = self.timing.report()
+        split = self.timing.line(r)
+        return (f"time: {split}" if split else ''), self.timing.hint(r)
+
     def redraw(self, phase: str | None = None, table: bool = False):
         "Refresh the display now (normally called by the events, throttled by `every`)."
         t = time.perf_counter()
@@ -375,3 +308,91 @@ class Progress(_ProgressNumbers, _ProgressWidgets, _ProgressText, MainProcessHoo
         self.n_draws += 1
         self.draw_time += now - t
         self._next = now + self.every
+
+    # ---- in a notebook: the texts of a snapshot, sent to a `Dashboard` view
+    def _texts(self, p, phase=None):
+        ep = f"{p['epoch']}/{p['n_epochs']} [{fmt_time(p['elapsed'])}&lt;{fmt_time(p['eta'])}]"
+        n = p['n_batches']
+        bt = f"{p['batch']}/{n}" if n else f"{p['batch']}"
+        bt += f" [{fmt_time(p['elapsed_epoch'])}&lt;{fmt_time(p['eta_epoch'])}"
+        bt += f", {p['rate']:.1f} it/s]" if math.isfinite(p['rate']) else "]"
+        if math.isfinite(p['loss']): bt += f" <span class='tnb-nw'>loss {p['loss']:.4f}</span>"
+        if phase: bt += f" <span class='tnb-nw'><i>{phase}</i></span>"
+        return ep, bt
+
+    def _time_html(self, tag: str = 'div') -> str:
+        "The status line of the time's split (and the data-wait line), as HTML; '' without a `Timing` hook."
+        split, hint = self.time_lines()
+        if not split: return ''
+        hint = f"<br><span class='tnb-hint'>{html.escape(hint)}</span>" if hint else ''
+        split = ' · '.join(f"<span style='white-space:nowrap'>{html.escape(x)}</span>" for x in split.split(' · '))
+        return f"<{tag} class='tnb-time'>{split}{hint}</{tag}>"
+
+    def _widget_update(self, p, phase=None, table=False):
+        ep, bt = self._texts(p, phase)
+        batch = min(p['batch'], p['n_batches']) if p['n_batches'] else None
+        self.view.update(p['epoch'] - 1 + (1 if table else 0), ep, batch, bt,
+                         self._table_html(self.table_rows) if table and self.rows else None,
+                         self._time_html() if self.timing is not None else None)
+
+    def _table_html(self, last: int | None = None) -> str:
+        return results_html(self.rows, last)
+
+    def _final_line(self, p) -> str:
+        return (f"epoch {p['epoch']}/{p['n_epochs']}, batch {p['batch']}"
+                + (f"/{p['n_batches']}" if p['n_batches'] else '') + f" in {fmt_time(p['elapsed'])}"
+                + (f", smoothed loss {p['loss']:.4f}" if math.isfinite(p['loss']) else ''))
+
+    def _final_html(self) -> str:
+        line = f"<b>{html.escape(self.status)}</b>: {self._final_line(self.snapshot())}"
+        return (f"<div class='trainer-nb-progress-done'><p>{line}</p>{self._time_html('p')}"
+                f"{self._table_html() if self.rows else ''}</div>")
+
+    def _final_text(self) -> str:
+        line = f"{self.status}: {self._final_line(self.snapshot())}"
+        more = '\n'.join(x for x in self.time_lines() if x)
+        return line + (f"\n{more}" if more else '') + ('\n' + results_text(self.rows) if self.rows else '')
+
+    def _widget_finish(self):
+        self.final_html = self._final_html()
+        self.view.finish(self.final_html, self._final_text())
+
+    # ---- in a terminal: a tqdm bar per epoch (on stderr), one line of results per epoch (on `file`)
+    def _out(self): return self.file if self.file is not None else sys.stdout
+
+    def _close_bar(self):
+        if self._bar is not None: self._bar.close()
+        self._bar = None
+
+    def _text_new_bar(self):
+        from tqdm import tqdm
+        self._close_bar()
+        s = self.trainer.state
+        self._bar = tqdm(total=s.n_batches or None, desc=f"epoch {s.epoch + 1}/{s.epochs}",
+                         leave=False, mininterval=0, miniters=1, dynamic_ncols=True, file=sys.stderr)
+
+    def _text_update(self, p, phase=None):
+        bar = self._bar
+        if bar is None: return
+        if p['batch'] > bar.n: bar.update(p['batch'] - bar.n)
+        post = f"loss {p['loss']:.4f}" if math.isfinite(p['loss']) else ''
+        bar.set_postfix_str(post + (f" {phase}" if phase else ''), refresh=True)
+
+    def _text_epoch_line(self):
+        self._close_bar()
+        cols, cells = _cells(self.rows)
+        r = cells[-1]
+        w = [max(len(c), 10) for c in cols]
+        out = self._out()
+        if not self._text_header_done:
+            print('  '.join(c.rjust(n) for c, n in zip(cols, w)), file=out, flush=True)
+            self._text_header_done = True
+        print('  '.join(str(v).rjust(n) for v, n in zip(r, w)), file=out, flush=True)
+        split, hint = self.time_lines()   # (with a `Timing` hook) where the time went so far; the data wait's line
+        if split: print(split, file=out, flush=True)
+        if hint and not self._hinted: print(hint, file=out, flush=True)   # (once a fit)
+        self._hinted = self._hinted or bool(hint)
+
+    def _text_finish(self):
+        self._close_bar()
+        if self.status != 'done': print(f"fit {self.status}", file=self._out(), flush=True)
