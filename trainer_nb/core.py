@@ -21,15 +21,15 @@ from accelerate.utils.memory import clear_device_cache
 
 # %% ../nbs/00_core.ipynb #6fe0eead
 from .base import (EVENTS, CancelBatch, CancelEpoch, CancelFit, Hook, MainProcessHook, EventCalls, LoopState, LossLog,
-                   LoggedValues, RESERVED, annotate, batch_size, check_idle, has_len, hooks_of, name_of, rng_state,
-                   set_rng_state, to_cpu, unknown_events, TrainerWarning)
+                   LoggedValues, RESERVED, ResumePlan, annotate, batch_size, check_idle, has_len, hooks_of, name_of,
+                   rng_state, set_rng_state, to_cpu, unknown_events, TrainerWarning)
 from .schedule import one_cycle, cosine, constant
 from .recorder import Recorder
 from .progress import Progress
 from .liveplot import LivePlot
 from .hooks import CompileTimer, Timing
 from .inside import NonFiniteError, NonFiniteOrigin, find_non_finite, grads_finite
-from .checkpoint import ResumePlan, checkpoint_hooks, close_runs, resume_plan
+from .checkpoint import checkpoint_hooks, close_runs, resume_plan
 from .lr_find import lr_find
 from .trackers import Trackers
 from .runs import RunRecorder
@@ -151,6 +151,7 @@ class Trainer:
         self.batch = self.preds = self.loss = self.out = None
         self.valid_results, self.epoch_results, self.cancelled, self.eval_samples = {}, {}, None, None
         self.config = None   # the config that rebuilds this trainer, when `trainer_nb.registry` made it
+        self.compile_time = None   # seconds the first batch took with `compile=` (the `CompileTimer` hook sets it)
         self._calls, self._plain = EventCalls(), _Plain(self)   # (bound anew by each fit)
         self.add_hooks(*(type(self).default_hooks if default_hooks else ()), *hooks,
                        *([CompileTimer] if compile else []))
@@ -619,7 +620,7 @@ class Trainer:
     def history(self):
         """One row per epoch, indexed by the epoch (a `pandas.DataFrame`, `time` as durations), kept by the `Recorder`
         hook (a default hook)."""
-        keepers = [h for h in self.hooks if hasattr(type(h), 'history')]   # the Recorder (or a hook doing its job)
+        keepers = [h for h in self.hooks if h.keeps_history]   # the Recorder (or a hook doing its job)
         if len(keepers) != 1:
             raise LookupError(f"trainer.history is kept by a Recorder hook: this trainer has {len(keepers)} (hooks: "
                               f"{[h.name for h in self.hooks]}); add one trainer_nb.recorder.Recorder")
@@ -1079,7 +1080,7 @@ def _weights_gone(t) -> NonFiniteOrigin | None:
 
 def _hook_clock(t) -> dict | None:
     "Where a `Timing` hook wants each hook's time added (None: no hook is timed)."
-    return next((h.by_hook for h in t.hooks if isinstance(h, Timing)), None)
+    return next((h.by_hook for h in t.hooks if h.times_hooks), None)
 
 def _epoch_train_loss(t) -> float:
     "Mean training loss of the epoch's batches (skipped ones left out), averaged over processes."
@@ -1286,7 +1287,7 @@ class _StoppedFit:
         s = t.state
         self.plan = ResumePlan(path=None, state=copy.deepcopy(t.state_dict()), epoch=s.epoch, batch=done,
                                epoch_rng=t._epoch_rng if done else None, rng=rng_state(t.train_loader),
-                               replay=any(h.replay_batches for h in checkpoint_hooks(t)), fit_start=fit_start,
+                               replay=any(h.replay_batches for h in t.hooks), fit_start=fit_start,
                                stopped=None)
         # the hyperparameters the schedules set (LR, momentum): `fit_one_cycle`... puts back its own when it ends
         self.groups = {k: copy.deepcopy([{n: v for n, v in g.items() if n != 'params'} for g in o.param_groups])
@@ -1705,7 +1706,7 @@ def _base_lrs(opt) -> list[float]:
 
 def _wants_trackers(t, log_with, accelerator) -> bool:
     "Does the trainer need a `Trackers` hook: `log_with` given to it (not to an Accelerator), and none among its hooks?"
-    return log_with is not None and accelerator is None and not any(getattr(h, 'logs_to_trackers', 0) for h in t.hooks)
+    return log_with is not None and accelerator is None and not any(h.logs_to_trackers for h in t.hooks)
 
 def _prepare_optimizers(acc, model, opt_func, optimizers, lr, compile=False):
     "`(model, {name: optimizer})` prepared by Accelerate from `optimizers` (instances or `f(model)`) or `opt_func`."
