@@ -4,25 +4,22 @@
 
 # %% ../nbs/00_core.ipynb #b5c8a14b
 from __future__ import annotations
-import contextlib, copy, functools, inspect, itertools, math, os, signal, sys, threading, time, traceback, warnings
+import contextlib, functools, math, os, threading, warnings
 from collections.abc import Iterable, Mapping, Sequence
 
 # %% auto #0
-__all__ = ['Trainer', 'FitStopped', 'log_scalar', 'PrintMetrics']
+__all__ = ['Trainer', 'PrintMetrics']
 
 # %% ../nbs/00_core.ipynb #b4e41a61
 import torch
-from torch.utils.data import IterableDataset
-from accelerate import Accelerator, skip_first_batches
-from accelerate.state import AcceleratorState
-from accelerate.utils import (DistributedType, concatenate, honor_type, pad_across_processes, recursively_apply,
-                               set_seed)
-from accelerate.utils.memory import clear_device_cache
+from accelerate import Accelerator
+from accelerate.utils import set_seed
 
 # %% ../nbs/00_core.ipynb #6fe0eead
-from .base import (EVENTS, CancelBatch, CancelEpoch, CancelFit, Hook, MainProcessHook, EventCalls, LoopState, LossLog,
-                   LoggedValues, RESERVED, ResumePlan, annotate, batch_size, check_idle, has_len, hooks_of, name_of,
-                   rng_state, set_rng_state, to_cpu, unknown_events, TrainerWarning)
+from .base import MainProcessHook, set_rng_state, TrainerWarning, EventCalls
+# what `from trainer_nb.core import ...` gives besides the Trainer, as it always has
+from .base import EVENTS, CancelBatch, CancelEpoch, CancelFit, Hook  # noqa: F401
+from .loop import Loop, FitStopped, log_scalar  # noqa: F401
 from .schedule import one_cycle, cosine, constant
 from .recorder import Recorder
 from .progress import Progress
@@ -38,28 +35,6 @@ from .adapters import adapter_hooks, merge_adapters
 from .workflow import (fine_tune, freeze, group_lrs, largest_batch_size, model_summary, quick_fit, split, unfreeze)
 
 # %% ../nbs/00_core.ipynb #083191d0
-def _check_free(t, what: str, held_ok: bool = False):
-    """Refuse to `what` from another thread while a call started with `background=True` runs (`held_ok`: unless the fit
-    is held in a pause); a fit waits for a background `lr_find` to end first."""
-    bg = t.background
-    if bg is None or bg.done.is_set() or threading.current_thread() is bg.thread or (held_ok and t.held is not None):
-        return
-    if bg.what == 'lr_find' and what.startswith('start'):
-        print("Waiting for the LR finder running in the background to end first", flush=True)
-        bg.done.wait()
-        return
-    raise RuntimeError(f"Can't {what}: {bg.what} is running in the background on this trainer. trainer.wait() waits "
-                       "for it to end; trainer.stop() stops it after the batch (trainer.resume() continues it)"
-                       + ("; or hold it with `with trainer.paused():`" if held_ok else ""))
-
-def _check_alone(t):
-    "Refuse a fit beside another trainer's when either accumulates gradients (Accelerate's state for it is one)."
-    others = [o for o in _ACTIVE if o is not t]
-    if others and (t.grad_accum > 1 or any(o.grad_accum > 1 for o in others)):
-        raise RuntimeError("Two trainers can't fit at once when either accumulates gradients (grad_accum > 1): "
-                           "Accelerate keeps where an accumulation group stands in one state for the whole process. "
-                           "Let the other fit end first (trainer.wait())")
-
 def _start_background(t, what: str, call):
     "Run `call` (the door `what`) in a worker thread, its view in this cell (`BackgroundFit`)."
     n = t.accelerator.num_processes
@@ -67,9 +42,9 @@ def _start_background(t, what: str, call):
         raise RuntimeError(f"{what}(background=True) runs the call in a thread of this process, and this trainer "
                            f"trains on {n} processes, which must all run it together: call {what} without background= "
                            "(under launch the notebook's kernel shows rank 0's live view, and stays free, already)")
-    _check_free(t, f'start {what}' if what != 'lr_find' else 'start lr_find')
+    t._check_free(f'start {what}' if what != 'lr_find' else 'start lr_find')
     if t.fitting: raise RuntimeError(f"Can't start {what} in the background from inside a fit")
-    _check_alone(t)
+    t._check_alone()
     t._stop_asked, t._asked, t.requests, t._keep_asks = False, False, [], True
 
     def run():
@@ -83,16 +58,17 @@ def _background_door(f):
     def door(self, *args, **kw):
         if not kw.get('background'):
             # refused (or, after a background `lr_find`, waiting) before `fit_one_cycle`... changes the trainer
-            _check_free(self, 'start a fit' if f.__name__ == 'fit' else f'start {f.__name__}')
+            self._check_free('start a fit' if f.__name__ == 'fit' else f'start {f.__name__}')
             return f(self, *args, **kw)
         kw['background'] = False
         _start_background(self, f.__name__, lambda: f(self, *args, **kw))
     return door
 
 # %% ../nbs/00_core.ipynb #79baf130
-class Trainer:
+class Trainer(Loop):
     """Trains `model` on `train_dl`, validates on `valid_dl`, calling hooks at each event (see the sketch above and
-    `trainer_nb.base` for the events and the cancel exceptions). Default hooks: `default_hooks`."""
+    `trainer_nb.base` for the events and the cancel exceptions). Default hooks: `default_hooks`. The loop itself, its
+    evaluation, hooks, state and stop are `trainer_nb.loop.Loop`'s, which it derives from."""
     default_hooks = (Recorder, Progress, LivePlot, RunRecorder)   # every trainer gets them unless `default_hooks=False`
 
     def __init__(self,
@@ -127,32 +103,23 @@ class Trainer:
                  manual: bool = False,  # train_step optimizes by hand (`trainer.backward`, `trainer.step`)
                  compile: bool | dict = False,  # torch.compile the model (a dict: its keyword arguments)
                  seed: int | None = None):  # seed Python's, NumPy's and torch's generators first (see below)
-        _check_args(model, mixed_precision, grad_accum, nan_policy, lr, metrics, optimizers, manual, train_step)
+        metrics = self._checked_args(model, mixed_precision, grad_accum, nan_policy, lr, metrics, optimizers, manual,
+                                     train_step)
         if seed is not None: set_seed(seed)   # (before anything here draws a random number)
-        self.accelerator = _accelerator(accelerator, mixed_precision, grad_accum, cpu, log_with, project_dir)
+        self.accelerator = self._accelerator_for(accelerator, mixed_precision, grad_accum, cpu, log_with, project_dir)
         self.mixed_precision = self.accelerator.mixed_precision   # this trainer's own (see "Mixed precision")
         self.grad_accum = grad_accum if accelerator is None else self.accelerator.gradient_accumulation_steps
         self.loss_func, self.train_step, self.eval_step = loss_func, train_step, eval_step
-        self.metrics, self.preprocess_preds, self.pad_index = _metric_list(metrics), preprocess_preds, pad_index
-        self.target_key, self._inputs = target_key, None   # (`_inputs`: what the model's forward takes, once read)
-        self.preds_key = preds_key
+        self.metrics, self.preprocess_preds, self.pad_index = metrics, preprocess_preds, pad_index
+        self.target_key, self.preds_key = target_key, preds_key
         self.max_grad_norm, self.nan_policy, self.sync_every = max_grad_norm, nan_policy, sync_every
         self.manual = manual
-        self.scheduler_func, self.schedulers = scheduler, {}
+        self.scheduler_func = scheduler
         self.model, self.optimizers = _prepare_optimizers(self.accelerator, model, opt_func, optimizers, lr, compile)
         self._lrs = _base_lrs(self.opt)   # the base LR of each group (`lr`, `lrs`), its `lr_scale` applied
-        self.train_dl, self.valid_dl, self._prepared = train_dl, valid_dl, {}
-        self.state, self.losses, self.logged, self.hooks = LoopState(), LossLog(), LoggedValues(), []
-        self.fitting, self.dev_run, self.dev_run_calls, self.phase, self.resumed = False, False, None, None, None
-        self._stop_asked, self._stopped = False, None   # (see "Stop and continue")
-        # what other threads ask of a running fit, taken at a step boundary (see "Beside the notebook")
-        self._asked, self._keep_asks, self.requests, self.held, self.background = False, False, [], None, None
-        self.changes, self.paused_seconds, self._fit_thread = [], 0.0, None
-        self.batch = self.preds = self.loss = self.out = None
-        self.valid_results, self.epoch_results, self.cancelled, self.eval_samples = {}, {}, None, None
+        self.train_dl, self.valid_dl = train_dl, valid_dl
+        self._init_loop()   # the loop's own state: counters, loss log, hooks (see `trainer_nb.loop`)
         self.config = None   # the config that rebuilds this trainer, when `trainer_nb.registry` made it
-        self.compile_time = None   # seconds the first batch took with `compile=` (the `CompileTimer` hook sets it)
-        self._calls, self._plain = EventCalls(), _Plain(self)   # (bound anew by each fit)
         self.add_hooks(*(type(self).default_hooks if default_hooks else ()), *hooks,
                        *([CompileTimer] if compile else []))
         if _wants_trackers(self, log_with, accelerator): self.add_hooks(Trackers())
@@ -162,7 +129,6 @@ class Trainer:
             if keeper is None: self.add_hooks(RunRecorder(run_dir))
             else: keeper.dir = run_dir
 
-    # ---- the loop: fit -> epoch -> batch -> optimizer step ----
     @_background_door
     def fit(self,
             epochs: int | None = None,          # epochs to train, counted from where the trainer is
@@ -183,438 +149,22 @@ class Trainer:
         if limit_batches is not None or overfit_batches is not None or fast_dev_run:
             return quick_fit(self, epochs, lr, resume, limit_batches, overfit_batches, fast_dev_run,
                              max_steps=max_steps, eval_every=eval_every)
-        _check_fit(self, epochs, max_steps, eval_every)
-        _check_alone(self)
+        self._check_fit(epochs, max_steps, eval_every)
         self.lr = lr if lr is not None else self.lr   # each fit starts from the base LRs
-        s, dl = self.state, self.train_loader
-        s.n_batches = has_len(dl) or 0
-        s.epochs, s.max_step = _fit_end(self, epochs, max_steps)
-        self.schedulers = _make_schedulers(self, epochs, max_steps)
-        self._calls = EventCalls(self.hooks, self.is_main_process, self.dev_run, clock=_hook_clock(self))
-        self._plain = _Plain(self)   # (see "The step" below)
-        self._eval_every = eval_every
-        self.resumed = start = None
-        if resume is not None:   # a checkpoint (its run directory is opened: closed again if this fails), or in memory
-            self.resumed = resume.load(self) if isinstance(resume, _StoppedFit) else resume_plan(self, resume)
-            start = _apply_plan(self, self.resumed, epochs, max_steps)
-        fit_start = s.epoch if self.resumed is None else self.resumed.fit_start
-        keep, self._keep_asks = self._keep_asks, False   # (what was asked of a background fit before it began: kept)
-        if not keep: self._stop_asked, self._asked, self.requests = False, False, []
-        self.fitting, self.cancelled, self.phase, self._stopped = True, None, None, None
-        self._fit_thread, self.paused_seconds = threading.current_thread(), 0.0
-        _ACTIVE.append(self)   # where `log_scalar` sends values
-        old_sigint = _catch_stop_button(self)   # the stop button asks for a stop after the batch (see below)
-        try:
-            self._calls.run('before_fit')
-            while s.epoch < s.epochs and not (s.max_step and s.step >= s.max_step):
-                if self._asked: self._take_requests(0)   # asked during the last epoch's end
-                self._epoch(dl, start)
-                start = None
-                s.epoch += 1
-        except CancelFit as e:
-            self.cancelled = e
-            self._calls.run_all('after_cancel')
-        except _StopHere as e:   # the stop button (or `stop()`) between two batches: `resume()` continues
-            _cleanup(self)
-            self.cancelled = stop = _stopped_fit(self, e.done, fit_start, epochs, max_steps, eval_every)
-            self._calls.run_all('after_cancel')
-            raise stop from None
-        except BaseException as e:
-            self.cancelled = e = _interrupted(self, e)   # (the stop button pressed twice: a short message)
-            _explain(self, e)
-            _cleanup(self)
-            self._calls.run_all('after_cancel')
-            if isinstance(e, FitStopped): raise e from None
-            raise
-        finally:
-            _cleanup(self)
-            self.fitting, self.phase = False, None
-            _ACTIVE.remove(self)
-            try: self._calls.run_all('after_fit')
-            finally:
-                self.resumed = None
-                _release_stop_button(old_sigint)
+        self._run(epochs, max_steps, eval_every,
+                  resume=None if resume is None else functools.partial(_resume_at, self, resume, epochs, max_steps))
 
-    def _epoch(self, dl, start=None):
-        "One epoch: its batches (from `start`, a resumed position, if given), its losses to the host, validation."
-        s, calls = self.state, self._calls
-        s.batch, t0, self.phase, self.epoch_results, loader = 0, time.perf_counter(), 'train', {}, dl
-        t0 -= self.paused_seconds   # (a pause counts in no epoch's time)
-        self.model.train()
-        self._epoch_first = len(self.losses)   # index of the epoch's first batch in the loss log
-        stop, every = s.max_step or math.inf, self._eval_every
-        try:
-            _set_epoch(dl, s.epoch)   # a sampler's or dataset's order for this epoch (see below)
-            if calls['before_epoch']: calls.run('before_epoch')
-            loader, batches = _epoch_batches(self, dl, start)
-            self._epoch_first = len(self.losses) - s.batch
-            train_batch = self._train_batch   # (looked up once, not per batch)
-            for batch in batches:
-                train_batch(batch)
-                if every and s.opt_stepped and s.step % every == 0 and s.step < stop and s.batch + 1 != s.n_batches:
-                    _validate_in_epoch(self)   # (not at the epoch's last batch: the epoch's validation follows)
-                s.batch += 1
-                if s.step >= stop: break   # `max_steps` reached: the epoch ends here, and the fit with it
-                if self._asked and self.accelerator.sync_gradients: self._take_requests(s.batch)   # (at a step)
-            if s.batch == 0 and s.n_batches == 0: raise ValueError("train_dl yielded no batches")
-        except CancelEpoch: _drop_unfinished(self)
-        finally:   # an Accelerate loader left part-way stays registered as the one iterated: end it
-            if hasattr(loader, 'end'): loader.end()
-        self.flush_losses()
-        self.epoch_results = {'epoch': s.epoch + 1, 'train_loss': _epoch_train_loss(self)}   # counted from 1
-        if self.valid_dl is not None:
-            self.phase = 'valid'
-            try:
-                if calls['before_valid']: calls.run('before_valid')
-                self.epoch_results.update(self.evaluate())
-                if calls['after_valid']: calls.run('after_valid')
-            except CancelEpoch: pass   # from before_valid: no validation; from after_valid: its remaining hooks skipped
-        self.epoch_results.update(self.logged.epoch_means(self.accelerator))   # `trainer.log`: this epoch's means
-        self.epoch_results['time'], self.phase = time.perf_counter() - self.paused_seconds - t0, 'epoch'
-        try:
-            if calls['after_epoch']: calls.run('after_epoch')
-        except CancelEpoch: pass       # the remaining after_epoch hooks are skipped
-
-    def _train_batch(self, batch):
-        "One batch: its pass (`_pass`); the batch counted; when one is due, the optimizer step; `after_batch`."
-        s, calls, p = self.state, self._calls, self._plain
-        self.batch, s.opt_stepped, self._backward_done, self._step_begun = batch, False, False, False
-        batch, due = p.run_pass(batch)   # `_pass` (inside Accelerate's `accumulate` when accumulating)
-        s.samples += batch_size(batch) if p.one_process else _rows_everywhere(self.accelerator, batch_size(batch))
-        s.iteration += 1   # the batch counts from here: a step's hooks see it counted, its loss in the log
-        try:
-            if due: self._step()
-            elif s.opt_stepped: self._stepped()   # manual: the steps `train_step` took count as one
-        except CancelBatch:   # from before_step: no step, the group's gradients dropped; from after_step: its rest
-            if not s.opt_stepped: _drop_grads(self)
-        if len(p.pending) >= p.sync_every: self.flush_losses()
-        try:
-            if calls['after_batch']: calls.run('after_batch')
-        except CancelBatch: pass   # the batch is done: only the remaining after_batch hooks are skipped
-        finally: self.loss = self.preds = self.out = None   # don't keep the graph alive between batches
-
-    def _pass(self, batch) -> tuple:
-        """The batch's passes: `before_batch`, forward, `after_pred`, loss, `after_loss`, backward, `after_backward`.
-        Returns `(batch, due)`: the batch as `before_batch` left it, and whether an optimizer step ends it."""
-        calls, p = self._calls, self._plain
-        try:
-            if calls['before_batch']:
-                calls.run('before_batch')
-                batch = self.batch
-            loss = self.loss = self._forward(batch, True)[0]   # (train=True, passed by position: cheaper)
-            if calls['after_loss']:
-                calls.run('after_loss')
-                loss = self.loss
-            kept = p.keep(loss)   # a number on the CPU, a detached tensor elsewhere (see `LossLog`)
-            p.pending.append(kept)
-            if p.skip: _skip_non_finite(self, loss)
-            elif p.check and not math.isfinite(kept): raise _non_finite_here(self, batch, 'loss')
-            if p.manual: due = False   # (a manual train_step has made its own backward passes and steps)
-            else:
-                p.backward(loss if p.items is None else p.items.weigh(loss))
-                self._backward_done = True
-                if calls['after_backward']: calls.run('after_backward')
-                due = p.every_batch or self.accelerator.sync_gradients
-                if due and p.grads and not grads_finite(p.grads): raise _non_finite_here(self, batch, 'gradient')
-            if p.lean: self.preds = self.out = None   # (not alive through the step: a lean step)
-        except CancelBatch:
-            _drop_batch(self)
-            return batch, False
-        return batch, due
-
-    def _step(self):
-        "The optimizer step that ends a batch or an accumulation group."
-        calls, p = self._calls, self._plain
-        if p.items is not None: p.items.normalize(self)   # (token-exact accumulation)
-        if calls['before_step']: calls.run('before_step')
-        p.optimizer_step()   # `optimizer_step()`, or the optimizer's own step where that is all it does
-        if p.scaler is None or not self.opt.step_was_skipped:   # (fp16: an overflow skips the step)
-            s = self.state
-            s.opt_stepped = True
-            for sched in p.schedulers: sched.step()
-            p.zero_grad()
-            s.step += 1   # counted, then `after_step` (as `_stepped` does for a manual train_step's steps)
-            if calls['after_step']: calls.run('after_step')
-        else: p.zero_grad()
-
-    def _stepped(self):
-        "Count an optimizer step that changed the weights, and run `after_step`."
-        self.state.step += 1
-        if self._calls['after_step']: self._calls.run('after_step')
-
-    def backward(self, loss: torch.Tensor):
-        """Backward pass of `loss` through Accelerate (scaled under fp16, divided by `grad_accum`); in manual mode,
-        then the `after_backward` hooks. A subclass may override it."""
-        self._plain.backward_of(loss)   # Accelerate's, or torch's where Accelerate would add nothing (see "The step")
-        if self.manual and self.fitting:
-            self._backward_done = True
-            if self._calls['after_backward']: self._calls.run('after_backward')
-
-    def optimizer_step(self):
-        "Clip the gradients to `max_grad_norm` (when set) and step the optimizer. A subclass may override it."
-        if self.max_grad_norm is not None: self.accelerator.clip_grad_norm_(self.model.parameters(), self.max_grad_norm)
-        self._plain.opt.step()
-
-    def zero_grad(self, opt=None):
-        "Forget the gradients of optimizer `opt` (a name in `optimizers`, or one of them; default: the first)."
-        o = self._plain.opt if opt is None and self.fitting else _named_opt(self, opt)[1]
-        o.zero_grad(set_to_none=True)
-
-    def step(self, opt=None) -> bool:
-        """In a manual `train_step`, after `backward`: when an accumulation group ends, unscale and clip `opt`'s
-        gradients, step it and its scheduler, zero its gradients. Returns whether the optimizer stepped."""
-        name, o = _named_opt(self, opt)
-        acc = self.accelerator
-        if not acc.sync_gradients: return False
-        if not self._step_begun:   # `before_step` once per batch, before its first optimizer step
-            self._step_begun = True
-            if self._calls['before_step']: self._calls.run('before_step')
-        if self.max_grad_norm is not None:
-            acc.unscale_gradients(o)
-            torch.nn.utils.clip_grad_norm_([p for g in o.param_groups for p in g['params']], self.max_grad_norm)
-        o.step()
-        stepped = acc.scaler is None or not o.step_was_skipped
-        if stepped:
-            self.state.opt_stepped = True   # the loop counts the batch's steps as one, and runs `after_step`
-            if name in self.schedulers: self.schedulers[name].step()
-        o.zero_grad(set_to_none=True)
-        return stepped
-
-    def _forward(self, batch, train: bool) -> tuple:
-        """`(loss, preds, targets)` of a batch, for training and evaluation alike: `train_step` / `eval_step` when
-        given, else `loss_func(model(*inputs), targets)`, else `model(**batch)` returning its own loss. The model's
-        output is split by `_out_parts` (its loss, its predictions). In training, `after_pred` runs between the model
-        and the loss, and may replace `trainer.preds` (with `loss_func`, the loss is computed from it)."""
-        step = self.train_step if train else _eval_step_of(self)
-        after_pred = train and self._calls['after_pred']
-        if step is not None:
-            out = self.out = _check_out(step(batch, self), 'train_step' if train else 'eval_step')
-            self.preds = out.get('preds')
-            if after_pred: self._calls.run('after_pred')
-            loss = out.get('loss')
-            if train: _check_loss(loss, "train_step's 'loss'")
-            return loss, self.preds, out.get('targets')
-        if self.loss_func is not None:
-            if type(batch) in _PAIR and len(batch) == 2:   # `(x, y)`, the common case: no call, no ABC check
-                x, y = batch
-                out = self.model(x)
-            elif type(batch) is tuple or not isinstance(batch, Mapping):
-                xs, y = _split(batch)
-                out = self.model(*xs)
-            else:   # targets under `target_key`, the rest to the model by name
-                y = _targets_of(self, batch, train)
-                out = self.model(**_model_inputs(self, batch, skip=self.target_key))
-            if type(out) is torch.Tensor and self.preds_key is None: self.preds = out   # (the common case: no look)
-            else: self.out, self.preds = out, _out_parts(out, self.preds_key)[1]
-            if after_pred: self._calls.run('after_pred')
-            if not train: return (_loss_of(self, self.preds, y) if y is not None else None), self.preds, y
-            loss = self._plain.loss_of(self.preds, y)   # (`loss_func`, or `_loss_of` for one that sums)
-            if type(loss) is not torch.Tensor or loss.ndim: _check_loss(loss, "loss_func's result")
-            return loss, self.preds, y
-        if not isinstance(batch, Mapping): raise TypeError(_NOT_A_DICT.format(type(batch).__name__))
-        inputs, items = _model_inputs(self, batch), self._plain.items if train else None
-        if items is not None: inputs = {**inputs, 'num_items_in_batch': items.count(batch)}
-        out = self.out = self.model(**inputs)
-        loss, self.preds = _out_parts(out, self.preds_key)
-        if after_pred: self._calls.run('after_pred')
-        if train: _check_loss(loss, "the model's loss")
-        return loss, self.preds, batch.get('labels')
-
-    # ---- evaluation ----
-    def evaluate(self, dl=None) -> dict:
-        """`{'valid_loss': ..., <metric>: ...}` over `dl` (default: `valid_dl`), over every process's samples; for a
-        `valid_dl` of named loaders, each one's results under its name (`valid_<name>_loss`, `valid_<name>_<m>`)."""
-        _check_free(self, 'evaluate', held_ok=True)
-        if dl is None and isinstance(self.valid_dl, Mapping):
-            self.valid_results = res = {k: v for name, d in self.valid_dl.items()
-                                        for k, v in _named_results(name, self.evaluate(d)).items()}
-            return res
-        items = _metric_items(self.metrics)
-        stream = [(n, m) for n, m, _ in items if _is_streaming(m)]
-        for _, m in stream: _reset(m, self.device)
-        loss, preds, targets = _run_eval(self, dl if dl is not None else self.valid_dl,
-                                         keep_preds=len(stream) < len(items), stream=stream)
-        res = {'valid_loss': loss}
-        for name, m, keyed in items:
-            v = _computed(name, m) if _is_streaming(m) else _plain_metric(name, m, preds, targets)
-            _add_result(res, name, keyed, v)
-        self.valid_results = res
-        return res
-
-    def predict(self, dl):
-        """`(preds, targets)` over `dl`, gathered from all processes, on the CPU (`targets` None if unlabelled);
-        `preprocess_preds` applied, ragged ones padded with `pad_index`."""
-        _check_free(self, 'predict', held_ok=True)
-        _, preds, targets = _run_eval(self, dl, keep_preds=True)
-        return preds, targets
-
-    # ---- hooks ----
-    def add_hooks(self, *hooks):
-        "Add hooks (instances, or classes to instantiate); they run sorted by `order`, ties in the order added."
-        _check_free(self, 'add hooks')
-        check_idle(self, 'add hooks')
-        for h in hooks:
-            if isinstance(h, type): h = h()
-            if not isinstance(h, Hook):
-                raise TypeError(f"hooks must be Hook instances (subclass trainer_nb.base.Hook), got {type(h).__name__}")
-            h.trainer = self
-            self.hooks.append(h)
-        self.hooks.sort(key=lambda h: h.order)   # stable: ties keep insertion order
-        return self
-
-    def remove_hooks(self, *hooks):
-        "Remove hooks, given as instances or classes (every hook of that class)."
-        _check_free(self, 'remove hooks')
-        check_idle(self, 'remove hooks')
-        for h in hooks:
-            gone = [x for x in self.hooks if (isinstance(x, h) if isinstance(h, type) else x is h)]
-            if not gone: raise ValueError(f"{h!r} is not among this trainer's hooks")
-            for x in gone:
-                self.hooks.remove(x)
-                x.trainer = None
-        return self
-
-    def get_hook(self, cls):
-        "The one hook of class `cls` (or a subclass); an error if there is none or several."
-        found = [h for h in self.hooks if isinstance(h, cls)]
-        if len(found) != 1:
-            raise LookupError(f"{'No' if not found else len(found)} hooks of type {cls.__name__} "
-                              f"(hooks: {[h.name for h in self.hooks]})")
-        return found[0]
-
-    def hook_keys(self) -> list[tuple[str, Hook]]:
-        "`(key, hook)` per hook: its class name, numbered `Name#2`... when a class recurs (the keys of `state_dict`)."
-        seen, out = {}, []
-        for h in self.hooks:
-            n = seen[h.name] = seen.get(h.name, 0) + 1
-            out.append((h.name if n == 1 else f'{h.name}#{n}', h))
-        return out
-
-    def describe_hooks(self):
-        """A table, one row per event, of the hooks that run there in order (unknown `before_*/after_*` methods are
-        flagged); after `fit(fast_dev_run=True)`, a column of the hooks that ran at each event in that run."""
-        return _hook_table(self)
-
-    # ---- state ----
     @property
     def lr(self) -> float:
         """The base learning rate: the fastest parameter group's (the others keep their ratio to it). Set it to a
         number, or to one per group: a list or `slice(lo, hi)` (see `split`)."""
         return max(self._lrs)
-
     @lr.setter
     def lr(self, lr):
         groups = self.opt.param_groups
         now = self._lrs if len(self._lrs) == len(groups) else [max(self._lrs)] * len(groups)   # (after `split`)
         self._lrs = group_lrs(lr, now)
         for g, b in zip(groups, self._lrs): g['lr'] = b
-
-    @property
-    def lrs(self) -> list[float]:
-        "The base learning rate of each parameter group."
-        return list(self._lrs)
-
-    @property
-    def opt(self):
-        "The (first) optimizer, as Accelerate prepared it."
-        return next(iter(self.optimizers.values()))
-
-    @property
-    def scheduler(self):
-        "The first optimizer's scheduler in the current (or last) fit, or None."
-        return self.schedulers.get(next(iter(self.optimizers)))
-
-    def state_dict(self, hooks: bool = True) -> dict:
-        """The trainer's own state: counters, base LRs, schedulers, the accumulation position, the loss log and logged
-        values (tensors) and, with `hooks`, each hook's `state_dict()` by `hook_keys()`. Not the model, optimizers,
-        grad scaler or random generators: Accelerate's `save_state` and `rng_state` hold those."""
-        return {'state': self.state.state_dict(), 'lrs': list(self._lrs),
-                'schedulers': {k: s.state_dict() for k, s in self.schedulers.items()},
-                'accum_step': int(self.accelerator.step), 'grad_accum': self.grad_accum,
-                'losses': self.losses.state_dict(), 'logged': self.logged.state_dict(), 'changes': list(self.changes),
-                'hooks': {k: h.state_dict() for k, h in self.hook_keys()} if hooks else None}
-
-    def load_state_dict(self, sd: dict):
-        "Put back a `state_dict()` (hooks that run on the main process only load theirs there only)."
-        if set(sd['schedulers']) != set(self.schedulers):
-            raise ValueError(f"The state was saved with schedulers for {sorted(sd['schedulers']) or 'no optimizer'}, "
-                             f"and this trainer has them for {sorted(self.schedulers) or 'none'}")
-        self.state.load_state_dict(sd['state'])
-        self._lrs = list(sd['lrs'])
-        for k, v in sd['schedulers'].items(): self.schedulers[k].load_state_dict(v)
-        self.accelerator.step = sd['accum_step']
-        if 'losses' in sd: self.losses.load_state_dict(sd['losses'])
-        if 'logged' in sd: self.logged.load_state_dict(sd['logged'])
-        self.changes = list(sd.get('changes', []))
-        if sd.get('hooks') is not None: _load_hook_states(self, sd['hooks'])
-
-    @contextlib.contextmanager
-    def temporary(self, hooks=None, rewind: bool = False, **attrs):
-        """For the block: `hooks` in place of the trainer's own (if given) and each attribute of `attrs` set; all put
-        back afterwards, however the block ends. `rewind`: also undo what a fit in the block changed (see below)."""
-        check_idle(self, 'change the trainer')
-        unknown = [k for k in attrs if not hasattr(self, k)]
-        if unknown: raise AttributeError(f"Trainer has no attribute {', '.join(map(repr, unknown))} to set")
-        snap = _Rewind(self, hooks=hooks is None) if rewind else None
-        old, old_hooks = {k: getattr(self, k) for k in attrs}, self.hooks
-        try:
-            for k, v in attrs.items(): setattr(self, k, v)
-            if hooks is not None:
-                self.hooks = []
-                self.add_hooks(*hooks)
-            yield self
-        except FitStopped as e:   # stopped inside a block that undoes its fit (`lr_find`...): nothing to resume
-            if snap is None or not e.resumable: raise
-            raise FitStopped("Stopped; the trainer is put back as it was before (this call undoes what it trains): "
-                             "nothing to resume") from None
-        finally:
-            if hooks is not None:
-                for h in self.hooks: h.trainer = None
-                self.hooks = old_hooks
-                for h in old_hooks: h.trainer = self   # (one of them may have been among `hooks`)
-            for k, v in old.items(): setattr(self, k, v)
-            if snap is not None: snap.restore()
-
-    def flush_losses(self):
-        """Move pending losses (and logged values) to the host, one transfer, and check every loss moved since the
-        last check: with `nan_policy='raise'` a non-finite one raises, naming its epoch, batch and iteration."""
-        self.losses.flush()
-        self.logged.flush()
-        bad = self.losses.check()
-        if bad is not None and self.nan_policy != 'skip': raise _non_finite_error(self, bad)
-
-    def log(self, name: str, value):
-        "Record `value` (a number or a one-element tensor, kept on its device) under `name`; see below."
-        if name not in self.logged and (name in RESERVED or name in map(name_of, self.metrics)):
-            raise ValueError(f"Can't log under {name!r}: the trainer reports its own {name!r}")
-        self.logged.add(name, value, self.device)
-
-    @property
-    def train_loader(self):
-        "The data loader `fit` iterates: `train_dl`, prepared by Accelerate unless that would only copy CPU tensors."
-        dl, acc = self.train_dl, self.accelerator
-        if dl is None or (acc.num_processes == 1 and self.grad_accum == 1 and acc.device.type == 'cpu'): return dl
-        return self.prepared(dl)
-
-    def prepared(self, dl):
-        "`dl` prepared by Accelerate for this trainer (once per loader)."
-        key = id(dl)
-        if key not in self._prepared or self._prepared[key][0] is not dl:
-            self._prepared[key] = (dl, self.accelerator.prepare(dl))
-        return self._prepared[key][1]
-
-    @property
-    def steps_per_epoch(self) -> int:
-        "Optimizer steps in an epoch of the current (or last) fit (a last, shorter accumulation group too); 0: unknown."
-        return math.ceil(self.state.n_batches / self.grad_accum)
-
-    @property
-    def device(self) -> torch.device: return self.accelerator.device
-    @property
-    def is_main_process(self) -> bool: return self.accelerator.is_main_process
-    @property
-    def unwrapped_model(self) -> torch.nn.Module:
-        return self.accelerator.unwrap_model(self.model, keep_torch_compile=False)   # (not the compiled wrapper)
 
     @property
     def history(self):
@@ -626,21 +176,18 @@ class Trainer:
                               f"{[h.name for h in self.hooks]}); add one trainer_nb.recorder.Recorder")
         return keepers[0].history
 
-    def result_names(self, valid: bool | None = None) -> list[str]:
-        """The names of an epoch's results (`epoch_results`, the history's columns) as far as they are known before a
-        fit: `epoch`, `train_loss`, with a `valid_dl` (or `valid=True`) `valid_loss` and the metrics' names, what `log`
-        recorded so far, `time`. A metric whose result is a dict, `log` and hooks may add others when they report."""
-        if valid is None: valid = self.valid_dl is not None
-        metrics = [n for item in _metric_items(self.metrics) for n in _result_names(*item)] if valid else []
-        names = ['valid_loss', *metrics] if valid else []
-        if valid and isinstance(self.valid_dl, Mapping):   # named loaders: `valid_<name>_loss`, `valid_<name>_<metric>`
-            names = [k for name in self.valid_dl for k in _named_results(name, dict.fromkeys(names))]
-        return ['epoch', 'train_loss', *names, *self.logged, 'time']
-
     @property
     def timing(self) -> dict:
         "Where the current (or last) fit's wall time went, in seconds, as the `Timing` hook (add one) measures it."
         return self.get_hook(Timing).report()
+
+    # ---- what the features give the loop (see `Loop`) ----
+    def _non_finite_here(self, batch, what: str):
+        "The error for a batch whose loss (or gradients) is not finite, saying where that started (`inside`)."
+        return _non_finite_at(self, batch, what)
+
+    _grads_finite = staticmethod(grads_finite)
+    _serve_requests = take_requests   # (a step boundary: the changes and pauses other threads asked for)
 
     # ---- the features, one line each ----
     @_background_door
@@ -744,17 +291,6 @@ class Trainer:
         return largest_batch_size(self, start, steps)
 
     # ---- stop and continue ----
-    def stop(self):
-        """Ask the running fit to stop after the current batch (from any thread, or the stop button); `resume()` then
-        continues it."""
-        self._stop_asked = True
-        self._asked = True
-
-    @property
-    def stopping(self) -> bool:
-        "Whether a stop was asked (the stop button, or `stop()`) during the running (or the last) fit."
-        return self._stop_asked
-
     @_background_door
     def resume(self, *, background: bool = False):
         """Continue the fit that the stop button (or `stop()`) ended, from where it stopped: the same schedule,
@@ -762,11 +298,6 @@ class Trainer:
         return _resume_stopped(self)
 
     # ---- beside the notebook: a fit in the background, and what other cells may ask of it ----
-    @property
-    def running(self) -> bool:
-        "Whether a fit (or another call started with `background=True`) is running."
-        return self.fitting or (self.background is not None and not self.background.done.is_set())
-
     def wait(self, timeout: float | None = None):
         """Wait for the call started with `background=True` to end: what it returns, or its exception (`FitStopped`
         after `stop()`); a `TimeoutError` after `timeout` seconds. The stop button while waiting stops the fit."""
@@ -797,353 +328,14 @@ class Trainer:
         if self.background is None: raise RuntimeError("Nothing was started with background=True on this trainer")
         self.background.attach()
 
-    def _ask(self, request):
-        "Hand the running fit a request (a `Pause`, a `Change`): its loop takes it at the next step boundary."
-        self.requests.append(request)
-        self._asked = True
 
-    def _take_requests(self, done: int):
-        "At a step boundary (`done` batches of the epoch done): what other threads asked, then a stop."
-        self._asked = False
-        if self.requests: take_requests(self)
-        if self._stop_asked: raise _StopHere(done)
+# %% ../nbs/00_core.ipynb #3fe91f25
+def _resume_at(t, resume, epochs, max_steps=None):
+    """Where `fit(resume=...)` continues: a checkpoint's plan (`resume_plan`: the run directory is opened, and closed
+    again if this fails) or a stopped fit's, in memory (`resume()`), applied; the position in the first epoch."""
+    t.resumed = resume_plan(t, resume) if isinstance(resume, (str, os.PathLike)) else resume.load(t)
+    return _apply_plan(t, t.resumed, epochs, max_steps)
 
-# %% ../nbs/00_core.ipynb #95cc96ee
-_NOT_A_DICT = ("With no loss_func or train_step, batches must be dicts, passed as model(**batch) to a model that "
-               "returns its loss; got a {}: pass loss_func= (for (x, y) batches) or train_step=")
-
-_PAIR = (tuple, list)   # an `(x, y)` batch of these types is unpacked by the forward pass itself (no `_split`)
-
-def _split(batch):
-    "`(inputs, targets)` of a batch: the last element of a tuple is the target; a lone tensor has none."
-    if type(batch) is tuple and len(batch) == 2: return batch[:1], batch[1]   # the common case, first
-    if isinstance(batch, torch.Tensor): return (batch,), None
-    if isinstance(batch, Sequence) and not isinstance(batch, (str, bytes)) and len(batch):
-        if len(batch) == 1: return tuple(batch), None
-        return tuple(batch[:-1]), batch[-1]
-    what = f"an empty {type(batch).__name__}" if isinstance(batch, Sequence) else f"a {type(batch).__name__}"
-    raise TypeError(f"Can't split the batch into inputs and targets for loss_func: got {what}, expected an (x, y) "
-                    "tuple or list (or (x1, ..., xn, y)), a tensor (inputs alone), or a dict (the targets under "
-                    "target_key, 'labels' by default); for anything else pass train_step= and eval_step=")
-
-def _targets_of(t, batch, train: bool):
-    "The targets of dict `batch` (under `target_key`); training with `loss_func` needs them."
-    y = batch.get(t.target_key)
-    if y is None and train:
-        raise KeyError(f"loss_func needs targets, and the dict batch has no {t.target_key!r} (its keys: "
-                       f"{', '.join(map(repr, batch))}): pass target_key= naming the key of the targets")
-    return y
-
-def _model_inputs(t, batch, skip=None) -> dict:
-    """The items of dict `batch` the model's `forward` takes by name (`skip` left out). Its signature is read once
-    (again for another model); the keys it doesn't name are dropped, with one warning naming them."""
-    if t._inputs is None or t._inputs[0] is not t.model:
-        sig = inspect.signature(t.unwrapped_model.forward).parameters.values()
-        names = {p.name for p in sig if p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY)}
-        t._inputs = (t.model, names or None, set())   # (no named argument, only **kwargs: everything goes)
-    _, names, noted = t._inputs
-    if names is None and skip is None: return batch
-    keep = {k: v for k, v in batch.items() if k != skip and (names is None or k in names)}
-    dropped = tuple(k for k in batch if k != skip and k not in keep)
-    if dropped and dropped not in noted:
-        noted.add(dropped)
-        if t.is_main_process:
-            warnings.warn(f"Batch keys {', '.join(map(repr, dropped))} dropped: {type(t.unwrapped_model).__name__}"
-                          ".forward takes no argument of that name", TrainerWarning, stacklevel=4)
-    return keep
-
-def _check_out(out, what='train_step') -> dict:
-    if not isinstance(out, Mapping):
-        raise TypeError(f"{what} must return a dict holding at least 'loss', got {type(out).__name__}: "
-                        "return {'loss': loss} (add 'preds'/'targets' for metrics)")
-    return out
-
-_MISSING = {"train_step's 'loss'": "train_step's dict has no 'loss': return {'loss': loss, ...}",
-            "the model's loss": "With dict batches the model output needs a `.loss` (or ['loss']); "
-                                "otherwise pass loss_func= or train_step="}
-
-def _check_loss(loss, what='the loss'):
-    if loss is None and what in _MISSING: raise ValueError(_MISSING[what])
-    if not isinstance(loss, torch.Tensor):
-        raise TypeError(f"{what} must be a scalar torch.Tensor that requires grad, got {type(loss).__name__}: "
-                        "return the tensor itself, not loss.item() or a float")
-    if loss.ndim != 0:
-        raise ValueError(f"{what} must be a scalar, got shape {tuple(loss.shape)}: reduce it (e.g. .mean())")
-    return loss
-
-def _eval_step_of(t):
-    "The step function evaluation calls (None: the loss function or the model's own loss)."
-    if t.eval_step is not None: return t.eval_step
-    if t.loss_func is not None or t.train_step is None: return None
-    if t.manual: raise ValueError("With manual=True, train_step changes the weights: pass eval_step= (or loss_func=) "
-                                  "to evaluate")
-    return t.train_step
-
-# %% ../nbs/00_core.ipynb #c6aa1702
-def _out_parts(out, key=None) -> tuple:
-    """`(loss, preds)` of a model's output `out` (loss None where it has none). A dict or a `ModelOutput`: its
-    `'loss'`, and its `'logits'`, else its other items (one: that value; several: a dict of them). A tuple or list
-    whose first item is a scalar tensor is `(loss, preds...)` (else it is all predictions); the predictions are the
-    one item left, or a tuple of those left. Anything else: its `.loss`, and its `.logits` or itself. `key` picks the
-    predictions: a key (or attribute) name, an index, or a function `key(out) -> preds`."""
-    if isinstance(out, Mapping): loss = out.get('loss')
-    elif isinstance(out, (tuple, list)) and not hasattr(out, '_fields'):   # (not a named tuple: its attributes)
-        loss = out[0] if out and isinstance(out[0], torch.Tensor) and out[0].ndim == 0 else None
-        if key is None:
-            rest = tuple(out[1:] if loss is not None else out)
-            return loss, (rest[0] if len(rest) == 1 else rest or None)
-    else: loss = getattr(out, 'loss', None)
-    if callable(key): return loss, key(out)
-    if isinstance(key, int) or (key is not None and isinstance(out, Mapping)):
-        try: return loss, out[key]
-        except (KeyError, IndexError, TypeError):
-            keys = f" (its keys: {', '.join(map(repr, out))})" if isinstance(out, Mapping) else ""
-            raise KeyError(f"preds_key={key!r}: the model's output ({type(out).__name__}) has no such item"
-                           f"{keys}") from None
-    if key is not None: return loss, getattr(out, key)
-    if not isinstance(out, Mapping): return loss, getattr(out, 'logits', out)
-    if 'logits' in out: return loss, out['logits']
-    rest = {k: v for k, v in out.items() if k != 'loss'}
-    return loss, (next(iter(rest.values())) if len(rest) == 1 else rest or None)
-
-# %% ../nbs/00_core.ipynb #b557502c
-class _Plain:
-    """What a fit's hot path reads, decided once per fit (see above): the loop reads these, not the trainer's
-    attributes, and calls the functions bound here (`tests/test_loop_budget.py` keeps the count down)."""
-    def __init__(self, t):
-        acc = t.accelerator
-        acc.gradient_accumulation_steps = t.grad_accum   # process-wide in Accelerate: set it per fit
-        _own_precision(t)   # and the mixed precision: this trainer's
-        plain = acc.scaler is None and acc.distributed_type in (DistributedType.NO, DistributedType.MULTI_CPU,
-                                                                DistributedType.MULTI_GPU)
-        self.every_batch, self.one_process = t.grad_accum == 1, acc.num_processes == 1
-        self.run_pass = t._pass if self.every_batch else functools.partial(_accumulated_pass, t)
-        self.opt = t.opt.optimizer if plain else t.opt   # the optimizer to step: torch's, or Accelerate's wrapper
-        self.pending = t.losses.pending   # where each batch's loss goes (the log's list, flushed in place)
-        self.keep = torch.Tensor.item if acc.device.type == 'cpu' else torch.Tensor.detach   # (see `LossLog`)
-        self.lean = not any(h.keep_preds for h in t.hooks)   # let go of the predictions after `after_backward`
-        self.items = _ItemCount(t) if _counts_items(t) else None   # token-exact accumulation (see below)
-        self.check = (t.nan_policy != 'skip' and not t.manual and self.one_process   # (see "Non-finite losses")
-                      and (acc.device.type == 'cpu' or t.sync_every == 1))
-        grads = self.check and t.nan_policy == 'raise_grads' and acc.scaler is None   # (fp16: the scaler checks them)
-        self.grads = [p for p in t.model.parameters() if p.requires_grad] if grads else None
-        self.skip, self.manual, self.sync_every = t.nan_policy == 'skip', t.manual, t.sync_every
-        self.scaler = acc.scaler
-        self.schedulers = tuple(t.schedulers.values())
-        self.loss_of = functools.partial(_loss_of, t) if _sums(t.loss_func) else t.loss_func   # (see below)
-        # the three parts of the step: a subclass's override where it has one, else what the trainer's would call
-        # (torch's backward where Accelerate's would add nothing: no scaling, no division by 1)
-        self.backward_of = torch.Tensor.backward if plain and self.every_batch else acc.backward
-        self.backward = self.backward_of if _inherited(t, 'backward') else t.backward
-        self.optimizer_step = (self.opt.step if _inherited(t, 'optimizer_step') and t.max_grad_norm is None
-                               else t.optimizer_step)
-        self.zero_grad = (functools.partial(self.opt.zero_grad, True) if _inherited(t, 'zero_grad')   # set_to_none
-                          else t.zero_grad)
-
-def _inherited(t, name: str) -> bool:
-    "Is `t`'s method `name` the `Trainer`'s own (not overridden by a subclass, nor set on the instance)?"
-    return getattr(getattr(t, name), '__func__', None) is getattr(Trainer, name)
-
-def _accumulated_pass(t, batch) -> tuple:
-    "`t._pass(batch)` inside Accelerate's `accumulate` (which counts the group's batches and, under DDP, syncs)."
-    with t.accelerator.accumulate(t.model): return t._pass(batch)
-
-def _named_opt(t, opt):
-    "`(name, optimizer)` for `opt`: a name, one of `optimizers` (or what it wraps), or None for the first."
-    if opt is None: return next(iter(t.optimizers.items()))
-    for k, o in t.optimizers.items():
-        if opt is k or opt is o or opt is o.optimizer or (isinstance(opt, str) and opt == k): return k, o
-    raise KeyError(f"{opt!r} is not one of this trainer's optimizers ({', '.join(t.optimizers)})")
-
-def _drop_grads(t):
-    "Forget every optimizer's gradients (a batch dropped with its accumulation group), and their items' count."
-    for o in t.optimizers.values(): o.optimizer.zero_grad(set_to_none=True)
-    if t._plain.items is not None: t._plain.items.total = 0
-
-def _drop_batch(t):
-    "What `CancelBatch` before the step leaves: no gradient of this batch kept (nor of its group, when mixed in)."
-    if t.grad_accum == 1 or t._backward_done or t.accelerator.sync_gradients: _drop_grads(t)
-    if len(t.losses) == t.state.iteration: t.losses.append_skipped()   # cancelled before its loss: NaN, not an error
-
-def _rows_everywhere(acc, bs: int) -> int:
-    """Samples in this batch over all processes: `bs` on each, except in the last batch of a dataset that doesn't
-    divide evenly, which Accelerate pads with copies: there only the `remainder` real ones."""
-    gs = acc.gradient_state
-    if gs.end_of_dataloader and gs.remainder > 0: return gs.remainder
-    return bs * acc.num_processes
-
-# %% ../nbs/00_core.ipynb #cbc5ee9a
-class _ItemCount:
-    "The items of the accumulation group so far (a tensor on the device), and their share of each batch's loss."
-    def __init__(self, t):
-        m = t.unwrapped_model
-        causal = getattr(getattr(m, 'loss_function', None), '__name__', '') == 'ForCausalLMLoss'   # (transformers')
-        self.shift = t.loss_func is None and causal and not getattr(getattr(m, 'config', None), 'is_encoder_decoder', 0)
-        self.pad, self.total, self.batch = t.pad_index, 0, None
-
-    def count(self, batch):
-        "This batch's items: its labels that are not padding (a causal LM's from the second on: what its loss sums)."
-        y = batch.get('labels')
-        if y is None: self.batch = torch.tensor(batch_size(batch))
-        else: self.batch = (y[..., 1:] if self.shift else y).ne(self.pad).sum()
-        return self.batch
-
-    def weigh(self, loss):
-        "What to back-propagate for a batch whose mean `loss` is over `count(batch)` items: their sum."
-        self.total = self.total + self.batch
-        return loss * self.batch
-
-    def normalize(self, t):
-        "At the group's end: the gradients of the sums divided by the group's items over every process."
-        acc, n = t.accelerator, self.total
-        if not isinstance(n, torch.Tensor): return   # (no batch counted: nothing to scale)
-        if acc.num_processes > 1: n = acc.reduce(n.to(acc.device), 'sum')
-        factor = (acc.gradient_accumulation_steps * acc.num_processes / n.clamp(min=1).double()).float()
-        grads = [p.grad for p in t.model.parameters() if p.grad is not None]
-        if grads: torch._foreach_mul_(grads, factor.to(grads[0].device))
-        self.total = 0
-
-def _sums(f) -> bool: return getattr(f, 'reduction', None) == 'sum'   # a loss (a torch loss module) that sums
-
-def _loss_of(t, preds, y):
-    "`loss_func(preds, y)`; a summing one's divided by its items (the targets that are not its `ignore_index`)."
-    loss = t.loss_func(preds, y)
-    if not (_sums(t.loss_func) and isinstance(y, torch.Tensor) and isinstance(loss, torch.Tensor)): return loss
-    n = y.ne(getattr(t.loss_func, 'ignore_index', t.pad_index)).sum()
-    if t._plain.items is not None: t._plain.items.batch = n   # (training: the group's count grows by it)
-    return loss / n.clamp(min=1)
-
-def _counts_items(t) -> bool:
-    """Does accumulation count items: a summing `loss_func`, or several batches or processes per step and a model
-    taking `num_items_in_batch`."""
-    acc = t.accelerator
-    if t.train_step is not None: return False
-    if t.loss_func is not None: return _sums(t.loss_func)
-    if t.grad_accum == 1 and acc.num_processes == 1: return False
-    m = t.unwrapped_model
-    takes = getattr(m, 'accepts_loss_kwargs', None)
-    if takes is None:
-        params = inspect.signature(m.forward).parameters.values()
-        takes = any(p.kind == p.VAR_KEYWORD or p.name == 'num_items_in_batch' for p in params)
-    return bool(takes)
-
-# %% ../nbs/00_core.ipynb #166f1ac3
-def _skip_non_finite(t, loss):
-    "Drop the batch (`CancelBatch`) when its loss is not finite, on every process alike."
-    acc, s = t.accelerator, t.state
-    d = loss.detach()
-    bad = ~torch.isfinite(d)
-    if acc.num_processes > 1: bad = acc.reduce(bad.float(), 'sum') > 0
-    if bad:
-        v = d.item()
-        warnings.warn(f"Skipped batch {s.batch + 1} of epoch {s.epoch + 1} (iteration {s.iteration}): " + (
-            f"non-finite loss {v}" if not math.isfinite(v) else "non-finite loss on another process"), TrainerWarning)
-        raise CancelBatch()
-
-def _non_finite_error(t, bad: int) -> FloatingPointError:
-    s, first = t.state, t._epoch_first
-    where = f"epoch {s.epoch + 1}, batch {bad - first + 1}" if bad >= first else "an earlier epoch"
-    return FloatingPointError(
-        f"Non-finite loss ({t.losses.slice(bad, bad + 1).item()}) in {where} (iteration {bad}). Losses are "
-        f"checked when they reach the host (every sync_every={t.sync_every} batches and at the end of each "
-        "epoch): its backward pass ran, and the weights after that step may already be non-finite. Lower the LR, "
-        "set max_grad_norm=, check the data, or pass nan_policy='skip' to skip such batches")
-
-_RERUN = " (the batch run again under module hooks, without the trainer's hooks)"
-
-def _non_finite_here(t, batch, what: str) -> NonFiniteError:
-    """The error for the batch in hand: its loss (before its backward pass) or its gradients (before the optimizer
-    step) not finite, with the module where that started (the batch re-run by `find_non_finite`, without hooks)."""
-    s, lr = t.state, max(g['lr'] for g in t.opt.param_groups)
-    kept, calls, t._calls = (t.preds, t.out, t.loss), t._calls, EventCalls()
-    try: origin = _weights_gone(t) or find_non_finite(t.unwrapped_model, lambda: t._forward(batch, train=True)[0],
-                                                      what == 'gradient')
-    finally: (t.preds, t.out, t.loss), t._calls = kept, calls
-    head = f"Non-finite loss ({float(t.losses.pending[-1])})" if what == 'loss' else "Non-finite gradients"
-    return NonFiniteError(
-        f"{head} in epoch {s.epoch + 1}, batch {s.batch + 1} (iteration {s.iteration}, step {s.step}, LR {lr:.3g}). "
-        f"{origin}{_RERUN if origin.kind != 'weights' else ''}. Found before its "
-        f"{'backward pass' if what == 'loss' else 'optimizer step'}: the weights and the optimizer are as they were "
-        "before this batch. Lower the LR, set max_grad_norm=, check the data, or pass nan_policy='skip' to skip "
-        "such batches", origin, epoch=s.epoch + 1, batch=s.batch + 1, iteration=s.iteration, step=s.step, lr=lr)
-
-def _weights_gone(t) -> NonFiniteOrigin | None:
-    "When parameters are not finite already (an earlier step made them so), the origin that says which ones."
-    bad = [n for n, m in t.unwrapped_model.named_modules() if any(not torch.isfinite(p).all()
-                                                                  for p in m.parameters(recurse=False))]
-    if not bad: return None
-    return NonFiniteOrigin('weights', bad[-1], None, (
-        f"The weights of {', '.join(f'`{n}`' for n in bad[:8])}{' ...' if len(bad) > 8 else ''} are not finite "
-        f"already: step {t.state.step} made them so, from non-finite gradients (or a non-finite update). "
-        "nan_policy='raise_grads' checks the gradients before each step and names the module whose backward pass "
-        "made them non-finite"))
-
-def _hook_clock(t) -> dict | None:
-    "Where a `Timing` hook wants each hook's time added (None: no hook is timed)."
-    return next((h.by_hook for h in t.hooks if h.times_hooks), None)
-
-def _epoch_train_loss(t) -> float:
-    "Mean training loss of the epoch's batches (skipped ones left out), averaged over processes."
-    mean = t.losses.mean(t._epoch_first)
-    if t.accelerator.num_processes == 1: return mean
-    return t.accelerator.reduce(torch.tensor(mean, device=t.device), 'mean').item()
-
-# %% ../nbs/00_core.ipynb #4fa40328
-def _check_fit(t, epochs, max_steps=None, eval_every=None):
-    if epochs is None and max_steps is None: raise ValueError("fit needs epochs, max_steps or both")
-    if epochs is not None and not (isinstance(epochs, int) and epochs >= 0):
-        raise ValueError(f"epochs must be an int >= 0, got {epochs!r}")
-    for k, v in (('max_steps', max_steps), ('eval_every', eval_every)):
-        if v is not None and not (isinstance(v, int) and v >= 1):
-            raise ValueError(f"{k} must be an int >= 1, got {v!r}")
-    if eval_every is not None and t.valid_dl is None:
-        raise ValueError("eval_every= validates on valid_dl, and the trainer has none: give it one")
-    if t.train_dl is None: raise ValueError("No train_dl: pass one to the Trainer (or set trainer.train_dl)")
-    if has_len(t.train_dl) == 0:
-        raise ValueError("train_dl yields no batches (is the dataset empty, or drop_last with too few samples?)")
-    _check_valid(t.valid_dl)
-    if t.fitting: raise RuntimeError("fit is already running")
-
-def _check_valid(valid_dl):
-    "Refuse an empty validation loader, and a dict of loaders not under non-empty string names."
-    if isinstance(valid_dl, Mapping) and not (valid_dl and all(isinstance(k, str) and k for k in valid_dl)):
-        raise TypeError(f"valid_dl as a dict needs its loaders under non-empty string names, got {list(valid_dl)!r}")
-    for k, dl in (valid_dl.items() if isinstance(valid_dl, Mapping) else [(None, valid_dl)]):
-        if dl is not None and has_len(dl) == 0:
-            raise ValueError(f"valid_dl{'' if k is None else f'[{k!r}]'} yields no batches (is the dataset empty?): "
-                             "pass a non-empty one, or None")
-
-def _named_results(name: str, res: dict) -> dict:
-    "One named validation loader's results: `valid_loss` as `valid_<name>_loss`, a metric `m` as `valid_<name>_m`."
-    return {f"valid_{name}_{'loss' if k == 'valid_loss' else k}": v for k, v in res.items()}
-
-# %% ../nbs/00_core.ipynb #416f5293
-def _fit_end(t, epochs, max_steps) -> tuple[int, int]:
-    """`(epochs, max_step)` of the state for a fit of `epochs` and/or `max_steps`: with no `epochs`, as many as the
-    steps need (an unsized loader: at most one a step, as each epoch ends with a step)."""
-    s = t.state
-    if max_steps is None: return s.epoch + epochs, 0
-    per_epoch = t.steps_per_epoch
-    need = math.ceil(max_steps / per_epoch) if per_epoch else max_steps
-    return s.epoch + (need if epochs is None else min(epochs, need)), s.step + max_steps
-
-def _make_schedulers(t, epochs, max_steps=None) -> dict:
-    """One scheduler per optimizer that has one (`scheduler=`: a factory for each, or `{name: factory}`), over the
-    fit's steps: `max_steps`, or `epochs` × steps per epoch (the fewer, when both are known)."""
-    for o in t.optimizers.values():
-        for g in o.param_groups: g.pop('initial_lr', None)
-    f = t.scheduler_func
-    funcs = {} if f is None else dict(f) if isinstance(f, Mapping) else {k: f for k in t.optimizers}
-    if funcs.keys() - t.optimizers.keys():
-        raise ValueError(f"scheduler= names {sorted(funcs.keys() - t.optimizers.keys())}, not among the optimizers")
-    per_epoch = t.steps_per_epoch
-    if funcs and per_epoch == 0 and max_steps is None:
-        raise ValueError("A scheduler needs to know the number of steps: the train_dl has no length (a stream), so "
-                         "pass max_steps= (fit(max_steps=N), fit_one_cycle(max_steps=N), ...)")
-    total = [n for n in (max_steps, epochs * per_epoch if epochs is not None and per_epoch else None) if n is not None]
-    return {k: g(t.optimizers[k].optimizer, max(min(total), 1)) for k, g in funcs.items() if g is not None}
-
-# %% ../nbs/00_core.ipynb #e76edebd
 def _apply_plan(t, plan, epochs, max_steps=None):
     "Put `t` where `plan`'s checkpoint left it; returns the position in the first epoch (None: from its start)."
     try: t.load_state_dict(plan.state)
@@ -1172,510 +364,35 @@ def _apply_plan(t, plan, epochs, max_steps=None):
     set_rng_state(plan.rng, t.train_loader)
     return None
 
-_END = object()
+# %% ../nbs/00_core.ipynb #85319ad3
+_RERUN = " (the batch run again under module hooks, without the trainer's hooks)"
 
-def _epoch_batches(t, dl, start):
-    "`(loader, iterator)` of an epoch: `dl` from its start, or past the batches a resumed epoch had done."
-    if start is None:
-        t._epoch_rng = rng_state(dl)   # the generators the epoch's order is drawn from (for a stop inside it)
-        return dl, iter(dl)
-    done, epoch_rng, rng, replay = start
-    t._epoch_rng = epoch_rng
-    if epoch_rng is not None: set_rng_state(epoch_rng, dl)   # the epoch's data order, as when it started
-    if replay or isinstance(getattr(dl, 'dataset', None), IterableDataset):
-        if not replay and t.is_main_process:
-            print(f"Resuming inside an epoch of an iterable dataset: reading through its first {done} batches",
-                  flush=True)
-        loader, it, first = dl, iter(dl), ()
-        for _ in range(done):
-            if next(it, _END) is _END: break
-    else:
-        loader = skip_first_batches(dl, done)
-        _set_epoch(loader, t.state.epoch)   # (a new loader, whose own count of epochs starts at 0)
-        it = iter(loader)
-        first = tuple(itertools.islice(it, 1))   # the order is drawn at the first batch: with `epoch_rng`
-    t.state.batch = done
-    if rng is not None: set_rng_state(rng, dl)   # the random numbers as they were after the last batch done
-    return loader, itertools.chain(first, it)
+def _non_finite_at(t, batch, what: str) -> NonFiniteError:
+    """The error for the batch in hand: its loss (before its backward pass) or its gradients (before the optimizer
+    step) not finite, with the module where that started (the batch re-run by `find_non_finite`, without hooks)."""
+    s, lr = t.state, max(g['lr'] for g in t.opt.param_groups)
+    kept, calls, t._calls = (t.preds, t.out, t.loss), t._calls, EventCalls()
+    try: origin = _weights_gone(t) or find_non_finite(t.unwrapped_model, lambda: t._forward(batch, train=True)[0],
+                                                      what == 'gradient')
+    finally: (t.preds, t.out, t.loss), t._calls = kept, calls
+    head = f"Non-finite loss ({float(t.losses.pending[-1])})" if what == 'loss' else "Non-finite gradients"
+    return NonFiniteError(
+        f"{head} in epoch {s.epoch + 1}, batch {s.batch + 1} (iteration {s.iteration}, step {s.step}, LR {lr:.3g}). "
+        f"{origin}{_RERUN if origin.kind != 'weights' else ''}. Found before its "
+        f"{'backward pass' if what == 'loss' else 'optimizer step'}: the weights and the optimizer are as they were "
+        "before this batch. Lower the LR, set max_grad_norm=, check the data, or pass nan_policy='skip' to skip "
+        "such batches", origin, epoch=s.epoch + 1, batch=s.batch + 1, iteration=s.iteration, step=s.step, lr=lr)
 
-# %% ../nbs/00_core.ipynb #1117fc04
-def _where(t) -> str:
-    "Where the loop is, for an error's note."
-    s, phase = t.state, t.phase
-    if phase == 'train': return f"raised in fit at epoch {s.epoch + 1}, batch {s.batch + 1} (iteration {s.iteration})"
-    if phase == 'valid': return f"raised in fit while validating after epoch {s.epoch + 1}"
-    if phase == 'valid_step': return f"raised in fit while validating at step {s.step} (epoch {s.epoch + 1})"
-    if phase == 'epoch': return f"raised in fit at the end of epoch {s.epoch + 1}"
-    return "raised in fit before its first epoch"
-
-def _explain(t, e: BaseException):
-    "Note where the loop was; after an out-of-memory error, let go of what it holds and say what to do."
-    if not isinstance(e, (KeyboardInterrupt, SystemExit)): annotate(e, _where(t))
-    if isinstance(e, torch.OutOfMemoryError):
-        t.batch = t.preds = t.loss = t.out = None
-        traceback.clear_frames(e.__traceback__)   # the frames of the failed step hold its tensors
-        clear_device_cache(garbage_collection=True)
-        annotate(e, "Out of memory: the trainer let go of this step's batch, predictions and loss and emptied the "
-                    "device's cache, so the kernel stays usable. Lower the batch size (trainer.find_batch_size() "
-                    "finds one that fits), or train in mixed_precision='bf16' or with smaller batches and grad_accum=")
-
-def _cleanup(t):
-    "Leave the model usable: no half-accumulated gradients, the loss log complete, no graph kept."
-    _drop_unfinished(t)
-    try: t.losses.flush()          # keep the losses of the batches that ran
-    except Exception: t.losses.truncate(t.losses.n_host)   # (a broken device must not hide the error)
-    t.losses.check()               # the next fit checks only its own
-    t.loss = t.preds = t.out = None
-
-def _drop_unfinished(t):
-    "Forget a batch that stopped half-way (its logged loss) and the gradients of an unfinished accumulation group."
-    if len(t.losses) > t.state.iteration: t.losses.truncate(max(t.state.iteration, t.losses.n_host))
-    acc = t.accelerator
-    acc.gradient_state._set_sync_gradients(True)   # (no public setter) the next batch starts a new group
-    acc.step = 0
-    _drop_grads(t)   # mid-group too, unlike Accelerate's
-
-def _fit_scheduled(t, epochs, lr, factory, resume, max_steps=None, eval_every=None):
-    "`fit` with `factory` as the scheduler for this call only; momentum and LR are put back afterwards."
-    groups = t.opt.param_groups
-    moms = [{k: g[k] for k in ('momentum', 'betas') if k in g} for g in groups]
-    try:
-        with t.temporary(scheduler_func=factory):
-            t.fit(epochs, lr=lr, resume=resume, max_steps=max_steps, eval_every=eval_every)
-    except FitStopped:   # `resume()` comes back here, with the same schedule
-        if t._stopped is not None: t._stopped.scheduled = True
-        raise
-    finally:
-        for g, m in zip(groups, moms): g.update(m)
-        t.lr = t.lrs   # every group back to its base LR
-
-# %% ../nbs/00_core.ipynb #8a62d9d5
-class FitStopped(KeyboardInterrupt):
-    """A fit ended by the stop button (`SIGINT`) or `Trainer.stop()`. `resumable`: it stopped between two batches, and
-    `Trainer.resume()` continues it; `where`: where it stopped, in words. A `KeyboardInterrupt`, so that it stops a
-    "run all"; IPython shows its one line."""
-    def __init__(self, msg: str = '', resumable: bool = False, where: str = ''):
-        super().__init__(msg)
-        self.resumable, self.where = resumable, where
-
-    def _render_traceback_(self) -> list[str]:   # IPython shows this in place of the traceback
-        return [f"\x1b[0;31m{type(self).__name__}\x1b[0m: {self}"]
-
-class _StopHere(BaseException):
-    "The loop stopping where a stop was asked (`done`: batches of the epoch done); `fit` turns it into `FitStopped`."
-    def __init__(self, done: int): self.done = done
-
-class _PressedTwice(KeyboardInterrupt): "The stop button pressed again during a fit: stop now, inside the batch."
-
-def _catch_stop_button(t):
-    """In the main thread of a single process, make the stop button (`SIGINT`) ask `t`'s fit to stop after the batch,
-    and a second press stop it at once. Returns what `_release_stop_button` puts back (None: nothing changed)."""
-    if threading.current_thread() is not threading.main_thread() or t.accelerator.num_processes > 1: return None
-    def pressed(signum, frame):
-        if not t.fitting: raise KeyboardInterrupt   # (its hooks' end: as without the trainer)
-        if t._stop_asked: raise _PressedTwice()
-        t.stop()
-    return (signal.signal(signal.SIGINT, pressed),)
-
-def _release_stop_button(old):
-    if old is not None: signal.signal(signal.SIGINT, signal.SIG_DFL if old[0] is None else old[0])
-
-# %% ../nbs/00_core.ipynb #b7fd02ee
-class _StoppedFit:
-    "A fit stopped between two batches: what `resume()` needs to continue it exactly, a `ResumePlan` in memory first."
-    def __init__(self, t, done: int, fit_start: int, epochs, max_steps, eval_every):
-        s = t.state
-        self.plan = ResumePlan(path=None, state=copy.deepcopy(t.state_dict()), epoch=s.epoch, batch=done,
-                               epoch_rng=t._epoch_rng if done else None, rng=rng_state(t.train_loader),
-                               replay=any(h.replay_batches for h in t.hooks), fit_start=fit_start,
-                               stopped=None)
-        # the hyperparameters the schedules set (LR, momentum): `fit_one_cycle`... puts back its own when it ends
-        self.groups = {k: copy.deepcopy([{n: v for n, v in g.items() if n != 'params'} for g in o.param_groups])
-                       for k, o in t.optimizers.items()}
-        self.epochs, self.max_steps, self.eval_every = epochs, max_steps, eval_every
-        self.train_dl, self.valid_dl, self.scheduler_func = t.train_dl, t.valid_dl, t.scheduler_func
-        self.scheduled = False   # stopped in `fit_one_cycle`, `fit_cosine`...: resumed through the same door
-
-    def load(self, t) -> ResumePlan:
-        "Put back the optimizers' hyperparameters as the stop left them; the plan for `fit` to apply."
-        for k, o in t.optimizers.items():
-            for g, saved in zip(o.param_groups, self.groups[k]): g.update(saved)
-        return self.plan
-
-def _stopped_fit(t, done: int, fit_start: int, epochs, max_steps, eval_every) -> FitStopped:
-    "Keep what `resume()` needs (not in a quick check); the exception `fit` raises, its line saying where it stopped."
-    s, n = t.state, t.state.n_batches
-    if not t.dev_run: t._stopped = _StoppedFit(t, done, fit_start, epochs, max_steps, eval_every)
-    left = n and math.ceil((n - done) / t.grad_accum) + (s.epochs - s.epoch - 1) * t.steps_per_epoch
-    total = s.max_step or (n and s.step + left)
-    where = (f"at epoch {s.epoch + 1} of {s.epochs}, batch {done}" + (f" of {n}" if n else '') if done
-             else f"before epoch {s.epoch + 1} of {s.epochs}")
-    how = "trainer.resume() continues this fit." if not t.dev_run else "A quick check: nothing to resume."
-    where += f" (step {s.step}" + (f" of {total}" if total else '') + ")"
-    return FitStopped(f"Stopped {where}. {how}", resumable=not t.dev_run, where=where)
-
-def _interrupted(t, e: BaseException) -> BaseException:
-    "A second press of the stop button: a `FitStopped` that says where, and that the fit can't be resumed."
-    if not isinstance(e, _PressedTwice): return e
-    s = t.state
-    where = (f"inside batch {s.batch + 1} of epoch {s.epoch + 1}" if t.phase == 'train' else
-             f"while validating in epoch {s.epoch + 1}" if t.phase in ('valid', 'valid_step') else
-             f"in epoch {s.epoch + 1}")
-    return FitStopped(f"Interrupted {where} (the stop button pressed twice): cut short there, this fit can't be "
-                      "continued exactly (trainer.resume() refuses); the weights are as it left them")
-
-def _resume_stopped(t):
-    "`Trainer.resume`: the stopped fit again, through the door it came by, with its plan in memory."
-    st = t._stopped
-    if st is None:
-        why = (": the last fit was interrupted inside a batch (the stop button pressed twice)"
-               if isinstance(t.cancelled, FitStopped) else "")
-        raise RuntimeError(f"Nothing to resume{why}. trainer.resume() continues a fit that the stop button (or "
-                           "trainer.stop()) ended between two batches; to train, call fit (or fit_one_cycle...)")
-    with t.temporary(train_dl=st.train_dl, valid_dl=st.valid_dl):
-        if st.scheduled: _fit_scheduled(t, st.epochs, None, st.scheduler_func, st, st.max_steps, st.eval_every)
-        else:
-            with t.temporary(scheduler_func=st.scheduler_func):
-                t.fit(st.epochs, resume=st, max_steps=st.max_steps, eval_every=st.eval_every)
-
-# %% ../nbs/00_core.ipynb #b152e0ad
-def _loader_parts(dl):
-    "`dl` and each loader, sampler, batch sampler and dataset it holds (Accelerate's wrappers included), once each."
-    seen, todo = set(), [dl]
-    while todo:
-        o = todo.pop()
-        if o is None or id(o) in seen or isinstance(o, (int, float, str)): continue
-        seen.add(id(o))
-        yield o
-        d = getattr(o, '__dict__', {})
-        todo += [d[a] for a in ('base_dataloader', 'batch_sampler', 'sampler', 'dataset') if a in d]
-
-def _set_epoch(dl, epoch: int):
-    "Call `set_epoch(epoch)` on `dl` (Accelerate's loaders) and on each sampler, batch sampler and dataset it holds."
-    for o in _loader_parts(dl):
-        f = getattr(o, 'set_epoch', None)
-        if callable(f): f(epoch)
-
-def _validate_in_epoch(t):
-    "Validate at this step (`eval_every`), with the events of validation; then back to training."
-    calls = t._calls
-    t.phase = 'valid_step'
-    try:
-        if calls['before_valid']: calls.run('before_valid')
-        t.evaluate()
-        if calls['after_valid']: calls.run('after_valid')
-    except CancelEpoch: pass   # as at the epoch's end: from before_valid, no validation; from after_valid, its rest
-    finally: t.phase = 'train'
-
-# %% ../nbs/00_core.ipynb #4cc639f0
-def _real_rows(acc, bs: int) -> int:
-    """Rows of this process's batch that are real samples: all of them, except in the last batch of a dataset that
-    doesn't divide evenly, which Accelerate pads (at its end) with samples from the start of the dataset."""
-    rem = acc.gradient_state.remainder
-    if acc.num_processes == 1 or not acc.gradient_state.end_of_dataloader or rem <= 0: return bs
-    return max(0, min(bs, rem - acc.process_index * bs))
-
-def _rows(x, n: int):
-    "The first `n` rows of `x` (of each tensor in it)."
-    return recursively_apply(lambda v: v[:n], x) if x is not None else None
-
-def _pad_dims(acc, x, pad_index):
-    "`x` padded at the end of every dimension but the first to the largest size of any process (to be gathered)."
-    def pad(v):
-        for d in range(1, v.ndim): v = pad_across_processes(v, dim=d, pad_index=pad_index)
-        return v
-    return recursively_apply(pad, x) if acc.num_processes > 1 else x
-
-def _gathered(acc, x, pad_index):
-    "`x` from every process (the duplicates that even out the last batch dropped), ragged dimensions padded first."
-    return None if x is None else acc.gather_for_metrics(_pad_dims(acc, x, pad_index))
-
-def _cat_padded(xs: list, pad_index):
-    "The batches `xs` (tensors, or dicts, tuples and lists of them) joined, padded to the longest with `pad_index`."
-    if not xs: return None
-    x0 = xs[0]
-    if isinstance(x0, Mapping): return type(x0)({k: _cat_padded([x[k] for x in xs], pad_index) for k in x0})
-    if isinstance(x0, (list, tuple)): return honor_type(x0, (_cat_padded([x[i] for x in xs], pad_index)
-                                                             for i in range(len(x0))))
-    if not isinstance(x0, torch.Tensor) or x0.ndim == 0 or len({x.ndim for x in xs}) > 1:
-        return concatenate(xs)   # (its error for what it can't join)
-    shape = [max(s) for s in zip(*(x.shape for x in xs))]
-    if all(x.shape[1:] == x0.shape[1:] for x in xs): return torch.cat(xs)
-    out, i = x0.new_full((sum(len(x) for x in xs), *shape[1:]), pad_index), 0
-    for x in xs:
-        out[(slice(i, i + len(x)), *map(slice, x.shape[1:]))] = x
-        i += len(x)
-    return out
-
-# %% ../nbs/00_core.ipynb #428a3fa6
-class _Keyed:
-    "A metric given as `metrics={name: metric}`: its results are keyed by `name`."
-    def __init__(self, name: str, metric): self.__name__, self.metric = name, metric
-    def __call__(self, preds, targets): return self.metric(preds, targets)
-    def __repr__(self): return f"{self.__name__}: {self.metric!r}"
-
-def _is_streaming(m) -> bool:
-    "Is `m` a streaming metric (methods `reset`, `update`, `compute`) rather than a `(preds, targets)` callable?"
-    return all(callable(getattr(m, k, None)) for k in ('reset', 'update', 'compute'))
-
-def _torchmetrics(m):
-    "torchmetrics, if `m` is one of its metrics or collections (it is imported only if the user imported it)."
-    tm = sys.modules.get('torchmetrics')
-    return tm if tm is not None and isinstance(m, (tm.Metric, tm.MetricCollection)) else None
-
-def _metric_list(metrics) -> list:
-    "`metrics=` as a list: a dict's metrics as `_Keyed`; a single metric in a list of its own."
-    if isinstance(metrics, Mapping):
-        bad = [k for k in metrics if not (isinstance(k, str) and k)]
-        if bad: raise TypeError(f"metrics={{name: metric}} needs non-empty string names, got {bad!r}")
-        return [_Keyed(k, m) for k, m in metrics.items()]
-    if _is_streaming(metrics) or callable(metrics): return [metrics]
-    if isinstance(metrics, (str, bytes)) or not isinstance(metrics, (Sequence, set, frozenset)):
-        raise TypeError(f"metrics must be a list of metrics or a {{name: metric}} dict, got {metrics!r}")
-    return list(metrics)
-
-def _metric_items(metrics) -> list:
-    "`(name, metric, keyed)` for each metric of `_metric_list(metrics)`."
-    return [(m.__name__, m.metric, True) if isinstance(m, _Keyed) else (name_of(m), m, False) for m in metrics]
-
-def _result_names(name, m, keyed) -> list:
-    "The keys the results of metric `m` will have, as far as known before computing it."
-    tm = _torchmetrics(m)
-    if tm is None or not isinstance(m, tm.MetricCollection): return [name]
-    return [f"{name}_{k}" if keyed else k for k in m.keys(keep_base=False)]
-
-def _reset(m, device):
-    if _torchmetrics(m) is not None: m.to(device)
-    m.reset()
-
-# %% ../nbs/00_core.ipynb #3565fa96
-def _update_streaming(metrics, preds, targets):
-    for name, m in metrics:
-        if targets is None: raise ValueError(f"Metric {name!r} needs targets, but the evaluation batches have none")
-        try: m.update(preds, targets)
-        except Exception as e:
-            annotate(e, f"raised by streaming metric {name!r} in update(preds, targets)")
-            raise
-
-def _computed(name, m):
-    try: return m.compute()
-    except Exception as e:
-        annotate(e, f"raised by streaming metric {name!r} in compute()")
-        raise
-
-def _plain_metric(name, m, preds, targets):
-    "Metric `m` `(preds, targets)` over the gathered predictions."
-    if targets is None: raise ValueError(f"Metric {name!r} needs targets, but the evaluation batches have none")
-    try: return m(preds, targets)
-    except Exception as e:
-        shape = lambda x: tuple(getattr(x, 'shape', ()))
-        annotate(e, f"raised by metric {name!r} (called as {name}(preds, targets) with preds of shape "
-                    f"{shape(preds)} and targets of shape {shape(targets)})")
-        raise
-
-def _value(v):
-    "A metric's value for the results: a number for a one-element tensor or array, a CPU tensor for others."
-    if isinstance(v, torch.Tensor): return v.item() if v.numel() == 1 else v.detach().cpu()
-    if hasattr(v, 'ndim') and hasattr(v, 'item') and getattr(v, 'size', 0) == 1: return v.item()   # (NumPy)
-    return v
-
-def _add_result(res: dict, name: str, keyed: bool, v):
-    "Put metric `name`'s value `v` in `res`: a dict's items under their own keys (`name_key` for a keyed metric)."
-    vals = {(f"{name}_{k}" if keyed else k): x for k, x in v.items()} if isinstance(v, Mapping) else {name: v}
-    for k, x in vals.items():
-        if k in res:
-            raise ValueError(f"Two results are named {k!r} (the second from metric {name!r}): name the metrics "
-                             "apart, with metrics={'name': metric, ...} (or a collection's prefix=)")
-        res[k] = _value(x)
-
-# %% ../nbs/00_core.ipynb #d653350c
-def _run_eval(t, dl, keep_preds: bool, stream=()):
-    """Mean loss, sample count and (optionally) gathered preds/targets over `dl`; `stream`: `(name, metric)` updated
-    per batch (torchmetrics with the process's own real samples, others with every process's)."""
-    if dl is None: raise ValueError("No dataloader to evaluate on: pass one, or give the Trainer a valid_dl")
-    if has_len(dl) == 0: raise ValueError("The evaluation dataloader yields no batches (is the dataset empty?)")
-    acc, pdl, pre, pad = t.accelerator, t.prepared(dl), t.preprocess_preds, t.pad_index
-    _own_precision(t)   # (what `acc.autocast()` reads)
-    own = [(n, m) for n, m in stream if _torchmetrics(m) is not None]
-    every = [(n, m) for n, m in stream if _torchmetrics(m) is None]
-    was_training = t.model.training
-    t.model.eval()
-    # per process: sum of per-sample losses and count of real samples; reduced once at the end
-    totals, has_loss, preds, targets = torch.zeros(2, device=acc.device, dtype=torch.float64), True, [], []
-    try:
-        with torch.no_grad(), acc.autocast():
-            for batch in pdl:
-                loss, p, y = t._forward(batch, train=False)
-                bs = batch_size(batch)
-                real = _real_rows(acc, bs)
-                if loss is None: has_loss = False
-                else:
-                    if real < bs and t.eval_step is None and t.loss_func is not None and y is not None:
-                        # recompute the loss on the real rows only: padded duplicates must not count
-                        loss = _loss_of(t, p[:real], y[:real]) if real else torch.zeros(())
-                    totals[0] += _check_loss(loss.detach(), "the evaluation loss").double() * real
-                totals[1] += real
-                if pre is not None: p = pre(p, y)   # before anything is kept: e.g. argmax ids, not logits
-                if own and real:   # (no empty update: torchmetrics' classification metrics can't take one)
-                    _update_streaming(own, *((p, y) if real == bs else (_rows(p, real), _rows(y, real))))
-                if keep_preds or every:
-                    p, y = _gathered(acc, p, pad), _gathered(acc, y, pad)
-                    _update_streaming(every, p, y)
-                if keep_preds:
-                    preds.append(to_cpu(p))
-                    if y is not None: targets.append(to_cpu(y))
-    finally:
-        t.model.train(was_training)
-        t.preds = t.out = None
-        if hasattr(pdl, 'end'): pdl.end()   # left part-way by an error: no longer the loader Accelerate tracks
-    if acc.num_processes > 1: totals = acc.reduce(totals, 'sum')
-    loss_sum, n = totals.tolist()
-    if n == 0: raise ValueError("The evaluation dataloader yielded no samples")
-    t.eval_samples = int(n)
-    return (loss_sum / n if has_loss else None), _cat_padded(preds, pad), _cat_padded(targets, pad)
-
-# %% ../nbs/00_core.ipynb #419ef3b0
-def _hook_table(t):
-    "`describe_hooks`: a row per event (and per unknown `before_*/after_*` method), a column for a dev run's calls."
-    import pandas as pd
-    main = t.is_main_process
-    def cell(hs):
-        tag = lambda h: '' if main or not h.main_process_only else ' [main process only]'
-        return ', '.join(f"{h.name} ({h.order})" + tag(h) for h in hs) or '-'
-    rows = [(e, cell(hooks_of(t.hooks, e))) for e in EVENTS]
-    unknown = {}
-    for h in t.hooks:
-        for n in unknown_events(h): unknown.setdefault(n, []).append(h)
-    rows += [(f"{n} (not an event!)", cell(hs)) for n, hs in unknown.items()]
-    df = pd.DataFrame(rows, columns=['event', 'hooks (order)']).set_index('event')
-    if t.dev_run_calls is not None:
-        keys = dict(t.hook_keys())
-        ran = {e: ', '.join(k for k in keys if (k, e) in t.dev_run_calls) or '-' for e in EVENTS}
-        df['ran in fast_dev_run'] = [ran.get(e, '-') for e in df.index]
-
-    class HookTable(pd.DataFrame):
-        "The table printed whole: pandas would cut a cell of more than 50 characters (four default hooks) to '...'."
-        def __repr__(self):
-            with pd.option_context('display.max_colwidth', None, 'display.width', 0): return super().__repr__()
-        def _repr_html_(self):
-            with pd.option_context('display.max_colwidth', None): return super()._repr_html_()
-    return HookTable(df)
-
-def _load_hook_states(t, saved: dict):
-    main = t.is_main_process
-    for k, h in t.hook_keys():
-        if h.main_process_only and not main: continue
-        if k in saved: h.load_state_dict(saved[k])
-        elif h.state_dict():
-            warnings.warn(f"The saved state holds nothing for hook {k}: it starts afresh", TrainerWarning)
-
-_LOADER_COUNTERS = ('iteration', 'epoch', 'end_of_dataloader', 'remainder')
-
-def _loader_counters(dl) -> list:
-    "`(part, {counter: value})` for a data loader and each part it holds (`_loader_parts`): what iterating it changes."
-    return [(o, {a: d[a] for a in _LOADER_COUNTERS if a in d})
-            for o in _loader_parts(dl) for d in (getattr(o, '__dict__', {}),)]
-
-# %% ../nbs/00_core.ipynb #602b9532
-class _Rewind:
-    "Everything a fit can change in trainer `t`, as it is now; `restore()` puts it back exactly."
-    results = ('schedulers', 'epoch_results', 'valid_results', 'cancelled', 'eval_samples', '_stopped')
-
-    def __init__(self, t, hooks: bool):
-        self.t, self.loader = t, t.train_loader
-        model, scaler = t.model, t.accelerator.scaler
-        cpu = lambda x: None if x is None else x.detach().to('cpu', copy=True)
-        self.tensors = [(p, cpu(p), cpu(p.grad)) for p in itertools.chain(model.parameters(), model.buffers())]
-        self.training = [(m, m.training) for m in model.modules()]
-        self.opts = {k: to_cpu(o.state_dict(), clone=True) for k, o in t.optimizers.items()}
-        self.scaler = None if scaler is None else copy.deepcopy(scaler.state_dict())
-        self.rng, self.counters = rng_state(self.loader), _loader_counters(self.loader)
-        self.own = copy.deepcopy(t.state_dict(hooks=hooks))
-        self.attrs = {k: getattr(t, k) for k in self.results}
-
-    def restore(self):
-        t = self.t
-        with torch.no_grad():
-            for p, v, g in self.tensors:
-                p.copy_(v)
-                if g is None: p.grad = None
-                elif p.grad is None: p.grad = g.to(p.device)
-                else: p.grad.copy_(g)
-        for m, training in self.training: m.training = training
-        for k, o in t.optimizers.items(): o.load_state_dict(self.opts[k])
-        if self.scaler is not None: t.accelerator.scaler.load_state_dict(self.scaler)
-        for k, v in self.attrs.items(): setattr(t, k, v)
-        t.load_state_dict(self.own)
-        set_rng_state(self.rng, self.loader)
-        for o, counters in self.counters:
-            for k, v in counters.items(): setattr(o, k, v)
-
-# %% ../nbs/00_core.ipynb #b90a9695
-def _check_args(model, mixed_precision, grad_accum, nan_policy, lr, metrics, optimizers, manual, train_step):
-    "Refuse arguments the trainer can't work with, saying what it needs."
-    if not isinstance(model, torch.nn.Module):
-        raise TypeError(f"model must be a torch.nn.Module, got {type(model).__name__}")
-    if mixed_precision not in ('no', 'bf16', 'fp16'):
-        raise ValueError(f"mixed_precision must be 'no', 'bf16' or 'fp16', got {mixed_precision!r}")
-    if not (isinstance(grad_accum, int) and grad_accum >= 1):
-        raise ValueError(f"grad_accum must be an int >= 1, got {grad_accum!r}")
-    if nan_policy not in ('raise', 'raise_grads', 'skip'):
-        raise ValueError(f"nan_policy must be 'raise', 'raise_grads' or 'skip', got {nan_policy!r}")
-    if lr is not None and not (isinstance(lr, (int, float)) and lr > 0):
-        raise ValueError(f"lr must be a positive number, got {lr!r}")
-    _check_metrics(_metric_items(_metric_list(metrics)))
-    if optimizers is not None and len(optimizers) > 1 and not manual:
-        raise ValueError("Several optimizers need manual=True")
-    if manual and train_step is None: raise ValueError("manual=True needs a train_step that optimizes")
-    if manual and nan_policy == 'skip':
-        raise ValueError("nan_policy='skip' can't be used with manual=True: train_step has already stepped when "
-                         "the loss is checked; skip the batch in train_step itself")
-
-def _check_metrics(items):
-    for _, m, _ in items:
-        if not (callable(m) or _is_streaming(m)):
-            raise TypeError(f"metrics must be callables (preds, targets) -> number, or streaming metrics (reset, "
-                            f"update, compute) such as torchmetrics', got {m!r}")
-    names = [n for item in items for n in _result_names(*item)]   # the keys of their results
-    for n in names:
-        if names.count(n) > 1:
-            raise ValueError(f"Two metrics are named {n!r}, and results are keyed by name: give each its own, as "
-                             "metrics={'name': metric, ...} (or a def, or f.__name__ = '...' on a lambda)")
-        if n in RESERVED:
-            raise ValueError(f"A metric can't be named {n!r}: the trainer reports its own {n!r} under that key")
-
-def _accelerator(accelerator, mixed_precision, grad_accum, cpu, log_with, project_dir) -> Accelerator:
-    "The accelerator given (warning about the arguments it overrides), or a new one."
-    if accelerator is not None:
-        given = [n for n, v, default in (('mixed_precision', mixed_precision, 'no'), ('grad_accum', grad_accum, 1),
-                                         ('cpu', cpu, False), ('log_with', log_with, None),
-                                         ('project_dir', project_dir, None)) if v != default]
-        if given: warnings.warn(f"{', '.join(given)} ignored: the accelerator passed decides them "
-                                "(give them to your Accelerator instead)", TrainerWarning, stacklevel=3)
-        return accelerator
-    state = AcceleratorState._shared_state   # (the process-wide dict itself: Accelerate's state lives in it)
-    before = dict(state)
-    if before.get('_mixed_precision', mixed_precision) != mixed_precision and before.get('distributed_type') in _OWN:
-        AcceleratorState._reset_state()   # another trainer's precision: made anew (the processes, PartialState, kept)
-    try:
-        acc = Accelerator(mixed_precision=mixed_precision, gradient_accumulation_steps=grad_accum, cpu=cpu,
-                          step_scheduler_with_optimizer=False, log_with=log_with, project_dir=project_dir)
-        if acc.device.type == 'cpu' and mixed_precision == 'fp16':
-            raise ValueError("mixed_precision='fp16' needs a GPU, and this trainer runs on the CPU: pass "
-                             "mixed_precision='bf16' (mixed precision on the CPU) or 'no'")
-    except BaseException:   # refused: the state as the trainers made before left it
-        state.clear()
-        state.update(before)
-        raise
-    return acc
-
-_OWN = (DistributedType.NO, DistributedType.MULTI_CPU, DistributedType.MULTI_GPU)   # where a precision is per trainer
-
-def _own_precision(t):
-    "Make Accelerate's process-wide mixed precision (which `autocast` reads) `t`'s own, where another trainer set it."
-    state = AcceleratorState._shared_state
-    if state.get('_mixed_precision', t.mixed_precision) != t.mixed_precision and state.get('distributed_type') in _OWN:
-        state['_mixed_precision'] = t.mixed_precision
+def _weights_gone(t) -> NonFiniteOrigin | None:
+    "When parameters are not finite already (an earlier step made them so), the origin that says which ones."
+    bad = [n for n, m in t.unwrapped_model.named_modules() if any(not torch.isfinite(p).all()
+                                                                  for p in m.parameters(recurse=False))]
+    if not bad: return None
+    return NonFiniteOrigin('weights', bad[-1], None, (
+        f"The weights of {', '.join(f'`{n}`' for n in bad[:8])}{' ...' if len(bad) > 8 else ''} are not finite "
+        f"already: step {t.state.step} made them so, from non-finite gradients (or a non-finite update). "
+        "nan_policy='raise_grads' checks the gradients before each step and names the module whose backward pass "
+        "made them non-finite"))
 
 # %% ../nbs/00_core.ipynb #4bed3e72
 def _make_optimizer(opt_func, model, lr):
@@ -1741,19 +458,34 @@ def _decay_matrices_only(opt):
     opt.register_step_pre_hook(before)
     opt.no_decay = True
 
-# %% ../nbs/00_core.ipynb #d56ab1b8
-_ACTIVE = []   # the trainers whose fit is running (the innermost last): where `log_scalar` sends values
+# %% ../nbs/00_core.ipynb #d9a68e1b
+def _fit_scheduled(t, epochs, lr, factory, resume, max_steps=None, eval_every=None):
+    "`fit` with `factory` as the scheduler for this call only; momentum and LR are put back afterwards."
+    groups = t.opt.param_groups
+    moms = [{k: g[k] for k in ('momentum', 'betas') if k in g} for g in groups]
+    try:
+        with t.temporary(scheduler_func=factory):
+            t.fit(epochs, lr=lr, resume=resume, max_steps=max_steps, eval_every=eval_every)
+    except FitStopped:   # `resume()` comes back here, with the same schedule
+        if t._stopped is not None: t._stopped.scheduled = True
+        raise
+    finally:
+        for g, m in zip(groups, moms): g.update(m)
+        t.lr = t.lrs   # every group back to its base LR
 
-def log_scalar(name: str, value):
-    "Log `value` under `name` to the trainer whose `fit` is training (from a model's `forward`...); else nothing."
-    if not _ACTIVE: return
-    t = _ACTIVE[-1] if len(_ACTIVE) == 1 else _fitting_here()   # (one fitting: no lookup, nothing for a compiler)
-    if t is not None and t.phase == 'train': t.log(name, value)
-
-def _fitting_here():
-    "The trainer fitting in this thread (trainers may fit at once, each in its own thread: `background=True`)."
-    me = threading.current_thread()
-    return next((t for t in reversed(_ACTIVE) if t._fit_thread is me), None)
+def _resume_stopped(t):
+    "`Trainer.resume`: the stopped fit again, through the door it came by, with its plan in memory."
+    st = t._stopped
+    if st is None:
+        why = (": the last fit was interrupted inside a batch (the stop button pressed twice)"
+               if isinstance(t.cancelled, FitStopped) else "")
+        raise RuntimeError(f"Nothing to resume{why}. trainer.resume() continues a fit that the stop button (or "
+                           "trainer.stop()) ended between two batches; to train, call fit (or fit_one_cycle...)")
+    with t.temporary(train_dl=st.train_dl, valid_dl=st.valid_dl):
+        if st.scheduled: _fit_scheduled(t, st.epochs, None, st.scheduler_func, st, st.max_steps, st.eval_every)
+        else:
+            with t.temporary(scheduler_func=st.scheduler_func):
+                t.fit(st.epochs, resume=st, max_steps=st.max_steps, eval_every=st.eval_every)
 
 # %% ../nbs/00_core.ipynb #906a9798
 def _fmt(v):
