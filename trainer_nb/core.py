@@ -448,12 +448,18 @@ def _prepare_optimizers(acc, model, opt_func, optimizers, lr, compile=False):
 # %% ../nbs/00_core.ipynb #c333ed66
 def _decay_matrices_only(opt):
     """No weight decay on `opt`'s one-dimensional parameters (biases, normalisation weights): before each step they are
-    divided by the factor its decay multiplies them by. `opt.no_decay` marks it (for `summary`)."""
+    divided by the factor its decay multiplies them by. `opt.no_decay` marks it (for `summary`). Each group's
+    one-dimensional parameters are listed once, again only when the group changes (`split`, `add_param_group`)."""
+    ones = {}   # id(group) -> (the group, kept: its id stays its own; its params list, their number, the 1-d ones)
     def before(o, args, kwargs):
         with torch.no_grad():
             for g in o.param_groups:
                 f = 1 - g['weight_decay'] * float(g['lr'])
-                ps = [p for p in g['params'] if p.ndim <= 1 and p.grad is not None] if 0 < f < 1 else []
+                if not 0 < f < 1: continue
+                params, got = g['params'], ones.get(id(g))
+                if got is None or got[1] is not params or got[2] != len(params):
+                    got = ones[id(g)] = (g, params, len(params), [p for p in params if p.ndim <= 1])
+                ps = [p for p in got[3] if p.grad is not None]
                 if ps: torch._foreach_div_(ps, f)
     opt.register_step_pre_hook(before)
     opt.no_decay = True
