@@ -333,7 +333,7 @@ class Trainer(Loop):
 def _resume_at(t, resume, epochs, max_steps=None):
     """Where `fit(resume=...)` continues: a checkpoint's plan (`resume_plan`: the run directory is opened, and closed
     again if this fails) or a stopped fit's, in memory (`resume()`), applied; the position in the first epoch."""
-    t.resumed = resume_plan(t, resume) if isinstance(resume, (str, os.PathLike)) else resume.load(t)
+    t.resumed = resume.load(t) if resume is t._stopped else resume_plan(t, resume)   # (`resume()` passes `_stopped`)
     return _apply_plan(t, t.resumed, epochs, max_steps)
 
 def _apply_plan(t, plan, epochs, max_steps=None):
