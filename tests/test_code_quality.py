@@ -34,7 +34,7 @@ def test_export_cells_are_short():
     assert not long, f"export cells over {MAX_CELL} lines (split them by idea):\n" + '\n'.join(long)
 
 
-LONG_OK = {('core', 'Trainer.__init__'), ('core', 'Trainer.fit')}   # pending: the loop's own module (issue 31, item 1)
+LONG_OK = {('core', 'Trainer.__init__')}   # the constructor: its arguments, one a line, with their meaning
 
 
 def test_functions_are_short():
@@ -154,6 +154,33 @@ def test_imports_point_down():
     above = {'core', 'registry', 'cli', 'launch'}
     low = [f"{n} imports {sorted(graph[n] & above)}" for n in graph if n not in above and graph[n] & above]
     assert not low, 'a feature module imports core or what sits above it:\n' + '\n'.join(low)
+
+
+FEATURES = ('recorder', 'progress', 'liveplot', 'hooks', 'inside', 'checkpoint', 'lr_find', 'trackers', 'runs',
+            'background', 'adapters', 'workflow', 'monitor', 'registry', 'cli', 'launch', 'demo', 'metrics', 'schedule')
+
+
+def test_the_loop_imports_only_base():
+    """`trainer_nb/loop.py` sits on the floor above `base`: of the package's modules it imports `base` alone, and no
+    feature module is named in its code: no import of one (at the top or in a function, absolute or relative) and no
+    `trainer_nb.<feature>` in a string other than a docstring (a module looked up by name, `sys.modules[...]`). The
+    features reach the loop through what hooks declare (`base.Hook`) and what `core.Trainer` gives it."""
+    path = LIB / 'loop.py'
+    tree = ast.parse(path.read_text())
+    ours = {m for m, *_ in lib_imports(path)}
+    assert ours == {'base'}, f"loop.py imports {sorted(ours)} of the package: base only"
+    named = []
+    docs = {id(n.body[0].value) for n in ast.walk(tree)
+            if isinstance(n, (ast.Module, ast.ClassDef, ast.FunctionDef)) and n.body
+            and isinstance(n.body[0], ast.Expr) and isinstance(n.body[0].value, ast.Constant)}
+    for node in ast.walk(tree):
+        if isinstance(node, (ast.Import, ast.ImportFrom)):
+            mods = [a.name for a in node.names] + ([node.module] if isinstance(node, ast.ImportFrom) and node.module else [])
+            named += [f"line {node.lineno}: imports {m}" for m in mods for f in FEATURES
+                      if f in m.split('.') and (m.startswith('trainer_nb') or getattr(node, 'level', 0))]
+        elif isinstance(node, ast.Constant) and isinstance(node.value, str) and id(node) not in docs:
+            named += [f"line {node.lineno}: {node.value!r}" for f in FEATURES if f"trainer_nb.{f}" in node.value]
+    assert not named, "loop.py names feature modules:\n" + '\n'.join(named)
 
 
 def test_no_class_loaded_by_name():

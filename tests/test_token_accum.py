@@ -28,10 +28,10 @@ def train(bs, grad_accum):
 
 
 def test_accumulated_small_batches_train_as_the_big_batch(monkeypatch):
-    import trainer_nb.core as core
+    import trainer_nb.loop as loop
     big, small = train(8, 1), train(4, 2)
     torch.testing.assert_close(small, big, rtol=0, atol=2e-6)
-    monkeypatch.setattr(core, '_counts_items', lambda t: False)   # each micro-batch's mean divided by grad_accum
+    monkeypatch.setattr(loop, '_counts_items', lambda t: False)   # each micro-batch's mean divided by grad_accum
     old = train(4, 2)
     assert (old - big).abs().max() > 100 * (small - big).abs().max()
     print(f"max |weights - big batch's|: counted {(small - big).abs().max():.3g}, "

@@ -7,10 +7,11 @@ from __future__ import annotations
 import base64, copy, difflib, math, random, time, warnings
 from collections.abc import Mapping
 from dataclasses import dataclass, asdict
+from pathlib import Path
 
 # %% auto #0
 __all__ = ['EVENTS', 'BATCH_EVENTS', 'CANCELS', 'RESERVED', 'CancelBatch', 'CancelEpoch', 'CancelFit', 'annotate', 'hook_error',
-           'Hook', 'MainProcessHook', 'unknown_events', 'hooks_of', 'EventCalls', 'LoopState', 'LossLog',
+           'Hook', 'MainProcessHook', 'unknown_events', 'hooks_of', 'EventCalls', 'LoopState', 'ResumePlan', 'LossLog',
            'LoggedValues', 'loader_generators', 'rng_state', 'set_rng_state', 'Smoother', 'smooth', 'name_of',
            'to_plain', 'to_cpu', 'batch_size', 'has_len', 'check_idle', 'check_monitor', 'TrainerWarning']
 
@@ -65,6 +66,12 @@ class Hook:
     main_process_only: bool = False   # run on the main process only (see `MainProcessHook`)
     in_dev_run: bool = True           # run in `fit(fast_dev_run=True)`
     keep_preds: bool = False          # keep `trainer.preds` and `.out` past the backward pass (see the events' table)
+    # what the loop and the trainer need to know of a hook, declared (the features set them on their classes)
+    saves_checkpoints: bool = False   # a `Checkpoint`: `fit(resume=)` and `resume()` work with it
+    replay_batches: bool = False      # a resume inside an epoch reads the batches done again (not skipped by index)
+    logs_to_trackers: bool = False    # sends the numbers to the experiment trackers (`Trackers`): no second one added
+    times_hooks: bool = False         # each hook's time goes into its `by_hook` dict (`Timing`)
+    keeps_history: bool = False       # keeps `trainer.history` (the `Recorder`)
     trainer = None                    # the `Trainer` it was added to
 
     @property
@@ -153,6 +160,20 @@ class LoopState:
     def load_state_dict(self, d: dict):
         for k, v in d.items():
             if hasattr(self, k): setattr(self, k, v)
+
+# %% ../nbs/00_base.ipynb #17381c18
+@dataclass
+class ResumePlan:
+    "Where a resumed fit continues, and the state it loads (`trainer_nb.checkpoint.resume_plan`, `Trainer.resume`)."
+    path: Path | None        # the checkpoint resumed from (None: a fit stopped in memory, `Trainer.resume`)
+    state: dict              # what `trainer.state_dict()` returned at the save (tensors included)
+    epoch: int               # the epoch to continue in
+    batch: int               # batches of it already done (0: from its start)
+    epoch_rng: dict | None   # `rng_state(loader)` when that epoch first started (when `batch` > 0)
+    rng: dict                # `rng_state(loader)` at the save
+    replay: bool             # load and discard the batches done instead of skipping them by index
+    fit_start: int           # the interrupted fit's first epoch
+    stopped: str | None      # the fit had stopped there (`CancelFit`): nothing left to train
 
 # %% ../nbs/00_base.ipynb #dd1cc221
 def _stack(ts: list) -> torch.Tensor:

@@ -6,17 +6,16 @@
 from __future__ import annotations
 import contextlib, errno, hashlib, json, math, os, re, shutil, signal, socket, threading, time, warnings, zipfile
 from collections.abc import Mapping
-from dataclasses import dataclass
 from pathlib import Path
 
 # %% auto #0
 __all__ = ['list_checkpoints', 'verify_checkpoint', 'run_config', 'config_diff', 'RunDir', 'save_checkpoint', 'load_weights',
-           'ResumePlan', 'checkpoint_hooks', 'close_runs', 'resume_plan', 'Checkpoint', 'epoch_end_checkpoint']
+           'checkpoint_hooks', 'close_runs', 'resume_plan', 'Checkpoint', 'epoch_end_checkpoint']
 
 # %% ../nbs/06_checkpoint.ipynb #77d58462
 import numpy as np
 import torch
-from .base import CancelFit, Hook, TrainerWarning, check_monitor, name_of, rng_state
+from .base import CancelFit, Hook, ResumePlan, TrainerWarning, check_monitor, name_of, rng_state
 
 # %% ../nbs/06_checkpoint.ipynb #dda70a9d
 _NAME = re.compile(r'^step-(\d+)$')
@@ -559,25 +558,9 @@ def _newest(dir: Path, resume) -> Path:
                             + "; ".join(f"{p.name}: {why}" for p, why in incomplete))
 
 # %% ../nbs/06_checkpoint.ipynb #de5d4341
-@dataclass
-class ResumePlan:
-    "Where a resumed fit continues, and the state it loads (see `resume_plan`)."
-    path: Path | None        # the checkpoint resumed from (None: a fit stopped in memory, `Trainer.resume`)
-    state: dict              # what `trainer.state_dict()` returned at the save (tensors included)
-    epoch: int               # the epoch to continue in
-    batch: int               # batches of it already done (0: from its start)
-    epoch_rng: dict | None   # `rng_state(loader)` when that epoch first started (when `batch` > 0)
-    rng: dict                # `rng_state(loader)` at the save
-    replay: bool             # load and discard the batches done instead of skipping them by index
-    fit_start: int           # the interrupted fit's first epoch
-    stopped: str | None      # the fit had stopped there (`CancelFit`): nothing left to train
-
-def _is_checkpoint(h) -> bool:   # by shape: notebook and library classes mix
-    return callable(getattr(h, '_open', None)) and hasattr(h, 'replay_batches')
-
 def checkpoint_hooks(trainer) -> list:
-    "The `Checkpoint` hooks of `trainer` (recognised by their shape: a copy of the class made in a notebook counts)."
-    return [h for h in trainer.hooks if _is_checkpoint(h)]
+    "The `Checkpoint` hooks of `trainer`: the hooks that declare `saves_checkpoints` (see `trainer_nb.base.Hook`)."
+    return [h for h in trainer.hooks if h.saves_checkpoints]
 
 def close_runs(trainer):
     "Close the run directories `resume_plan` opened, when the fit that asked for the plan can't go on."
@@ -694,6 +677,7 @@ class Checkpoint(Hook):
     the best."""
     order = 85   # after the hooks whose state it saves (Recorder 10, MetricsLog 80, EarlyStopping 82)
     in_dev_run = False   # `fit(fast_dev_run=True)` writes nothing
+    saves_checkpoints = True   # (what `fit(resume=)`, `resume()` and the run's record look for)
 
     def __init__(self, dir, every_steps: int | None = None, every_seconds: float | None = None,
                  at_epoch_end: bool = True, keep_last: int | None = 3,

@@ -194,6 +194,7 @@ class Timing(Hook):
     order = -10**6   # first at every event: its marks bound the other hooks' work, which it takes out
     untimed = True   # (its own few microseconds a call stay in the parts its marks bound)
     most_events = 4096   # on a GPU: batches' events kept unread at most (then those done are read, without waiting)
+    times_hooks = True   # the loop adds each hook's time to `by_hook`
 
     def __init__(self, hint_above: float = 0.25):
         self.by_hook, self.hint_above, self.totals, self._t0 = {}, hint_above, {}, None
@@ -290,6 +291,6 @@ class CompileTimer(Hook):
 
     def after_batch(self):
         t = self.trainer
-        if self.t0 is None or getattr(t, 'compile_time', None) is not None: return
+        if self.t0 is None or t.compile_time is not None: return
         t.compile_time = time.perf_counter() - self.t0
         if t.is_main_process: print(f"compiled the model: the first batch took {t.compile_time:.1f} s", flush=True)

@@ -102,7 +102,7 @@ class MetricsLog(MainProcessHook):
     def before_fit(self):
         acc = self.trainer.accelerator
         # a hook that sends to the trackers itself (`Trackers`, which `Trainer(log_with=)` adds): nothing sent twice
-        self._send = self.trackers and not any(getattr(h, 'logs_to_trackers', False) for h in self.trainer.hooks)
+        self._send = self.trackers and not any(h.logs_to_trackers for h in self.trainer.hooks)
         if self._send and getattr(acc, 'log_with', None) and not acc.trackers:
             warnings.warn(f"The Accelerator has log_with={[str(x) for x in acc.log_with]} but no tracker started: call "
                           "accelerator.init_trackers(project_name) before fit for MetricsLog to log to them",

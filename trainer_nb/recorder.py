@@ -177,6 +177,7 @@ def _history(epochs: list[dict]):
 class Recorder(Hook):
     "Records loss, learning rates and momentum per optimizer step, and `trainer.epoch_results` per epoch."
     order = 10
+    keeps_history = True   # (what `trainer.history` reads)
 
     def __init__(self):
         self._version = 0
