@@ -43,10 +43,12 @@ class Loop:
         self._asked, self._keep_asks, self.requests, self.held, self.background = False, False, [], None, None
         self.changes, self.paused_seconds, self._fit_thread = [], 0.0, None
         self.batch = self.preds = self.loss = self.out = None
+        self._held = None   # the last batch's loss, its backward pass done, kept through the next forward (see below)
         self.valid_results, self.epoch_results, self.cancelled, self.eval_samples = {}, {}, None, None
         self.compile_time = None   # seconds the first batch took with `compile=` (the `CompileTimer` hook sets it)
         self.schedulers, self._prepared, self._inputs = {}, {}, None   # (`_inputs`: what the model's forward takes)
-        self._calls, self._plain = EventCalls(), _Plain(self)   # (bound anew by each fit)
+        self._calls = EventCalls()     # (bound anew by each fit)
+        self._plain = _Plain(self)
 
     @staticmethod
     def _checked_args(model, mixed_precision, grad_accum, nan_policy, lr, metrics, optimizers, manual, train_step):
@@ -124,7 +126,7 @@ class Loop:
             if calls['before_epoch']: calls.run('before_epoch')
             loader, batches = _epoch_batches(self, dl, start)
             self._epoch_first = len(self.losses) - s.batch
-            train_batch = self._train_batch   # (looked up once, not per batch)
+            train_batch = self._short_batch if self._plain.short else self._train_batch   # (once, not per batch)
             for batch in batches:
                 train_batch(batch)
                 if every and s.opt_stepped and s.step % every == 0 and s.step < stop and s.batch + 1 != s.n_batches:
@@ -167,7 +169,54 @@ class Loop:
         try:
             if calls['after_batch']: calls.run('after_batch')
         except CancelBatch: pass   # the batch is done: only the remaining after_batch hooks are skipped
-        finally: self.loss = self.preds = self.out = None   # don't keep the graph alive between batches
+        finally:   # no graph kept between batches but one whose backward pass ran (`_held`: see `_short_batch`)
+            self._held, self.loss, self.preds, self.out = self.loss if self._backward_done else None, None, None, None
+
+    def _short_batch(self, batch):
+        """`_train_batch` in one frame, for the fit most fits are: chosen once per fit (`_Plain.short`) where the loop
+        has one process, steps every batch, computes `loss_func(model(x), y)`, runs no hook inside the batch
+        (`before_batch` to `after_backward`) and checks no gradient. The same work in the same order, without the calls and branches
+        that fit does not need; a batch that is not `(x, y)` takes `_train_batch`. Both paths keep the loss of a batch
+        whose backward pass ran (`_held`) until the next batch's graph is built, as a hand-written loop keeps `loss`:
+        autograd then reuses each parameter's gradient accumulator instead of making it anew. That graph holds no
+        activations (its backward pass freed them); the end of a fit lets it go."""
+        if type(batch) not in _PAIR or len(batch) != 2: return self._train_batch(batch)
+        s, p, calls = self.state, self._plain, self._calls
+        self.batch, s.opt_stepped, self._backward_done, self._step_begun = batch, False, False, False
+        x, y = batch
+        try:
+            out = self.model(x)
+            if type(out) is torch.Tensor and p.preds_key is None: self.preds = out
+            else: self.out, self.preds = out, _out_parts(out, p.preds_key)[1]
+            loss = self.loss = p.loss_of(self.preds, y)
+            if type(loss) is not torch.Tensor or loss.ndim: _check_loss(loss, "loss_func's result")
+            kept = p.keep(loss)
+            p.pending.append(kept)
+            if p.check and not math.isfinite(kept): raise self._non_finite_here(batch, 'loss')
+            p.backward(loss)
+            self._backward_done = due = True
+            if p.lean: self.preds = self.out = out = None   # (not alive through the step: a lean step)
+        except CancelBatch:   # (from the model or the loss function)
+            _drop_batch(self)
+            due = False
+        s.samples += x.shape[0] if type(x) is torch.Tensor else batch_size(batch)
+        s.iteration += 1
+        try:
+            if due:   # `_step`, as it is without a grad scaler or counted items
+                if calls['before_step']: calls.run('before_step')
+                p.optimizer_step()
+                s.opt_stepped = True
+                for sched in p.schedulers: sched.step()
+                p.zero_grad()
+                s.step += 1
+                if calls['after_step']: calls.run('after_step')
+        except CancelBatch:
+            if not s.opt_stepped: _drop_grads(self)
+        if len(p.pending) >= p.sync_every: self.flush_losses()
+        try:
+            if calls['after_batch']: calls.run('after_batch')
+        except CancelBatch: pass
+        finally: self._held, self.loss, self.preds, self.out = self.loss if due else None, None, None, None
 
     def _pass(self, batch) -> tuple:
         """The batch's passes: `before_batch`, forward, `after_pred`, loss, `after_loss`, backward, `after_backward`.
@@ -718,6 +767,13 @@ class _Plain:
                                else t.optimizer_step)
         self.zero_grad = (functools.partial(self.opt.zero_grad, True) if _inherited(t, 'zero_grad')   # set_to_none
                           else t.zero_grad)
+        self.preds_key = t.preds_key
+        # the short path (`Loop._short_batch`): nothing of the batch's own but the model, the loss and the step
+        self.short = (self.every_batch and self.one_process and self.scaler is None and not self.manual
+                      and t.train_step is None and t.loss_func is not None and self.items is None and not self.skip
+                      and self.grads is None and not any(t._calls[e] for e in _INNER) and _inherited(t, '_train_batch'))
+
+_INNER = ('before_batch', 'after_pred', 'after_loss', 'after_backward')   # the events inside a batch's passes
 
 def _inherited(t, name: str) -> bool:
     "Is `t`'s method `name` the `Loop`'s own (not overridden by a subclass, nor set on the instance)?"
@@ -932,7 +988,7 @@ def _cleanup(t):
     try: t.losses.flush()          # keep the losses of the batches that ran
     except Exception: t.losses.truncate(t.losses.n_host)   # (a broken device must not hide the error)
     t.losses.check()               # the next fit checks only its own
-    t.loss = t.preds = t.out = None
+    t.loss = t.preds = t.out = t._held = None
 
 def _drop_unfinished(t):
     "Forget a batch that stopped half-way (its logged loss) and the gradients of an unfinished accumulation group."
