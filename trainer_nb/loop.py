@@ -175,11 +175,11 @@ class Loop:
     def _short_batch(self, batch):
         """`_train_batch` in one frame, for the fit most fits are: chosen once per fit (`_Plain.short`) where the loop
         has one process, steps every batch, computes `loss_func(model(x), y)`, runs no hook inside the batch
-        (`before_batch` to `after_backward`) and checks no gradient. The same work in the same order, without the calls
-        and branches that fit does not need; a batch that is not `(x, y)` takes `_train_batch`. Both paths keep the loss of a batch
-        whose backward pass ran (`_held`) until the next batch's graph is built, as a hand-written loop keeps `loss`:
-        autograd then reuses each parameter's gradient accumulator instead of making it anew. That graph holds no
-        activations (its backward pass freed them); the end of a fit lets it go."""
+        (`before_batch` to `after_backward`) and checks no gradient. The same work in the same order, without the
+        calls and branches that fit does not need; a batch that is not `(x, y)` takes `_train_batch`. Both paths keep
+        the loss of a batch whose backward pass ran (`_held`) until the next batch's graph is built, as a hand-written
+        loop keeps `loss`: autograd then reuses each parameter's gradient accumulator instead of making it anew. That
+        graph holds no activations (its backward pass freed them); the end of a fit lets it go."""
         if type(batch) not in _PAIR or len(batch) != 2: return self._train_batch(batch)
         s, p, calls = self.state, self._plain, self._calls
         self.batch, s.opt_stepped, self._backward_done, self._step_begun = batch, False, False, False
