@@ -4,7 +4,7 @@
 
 # %% ../nbs/01_recorder.ipynb #7054e7d2
 from __future__ import annotations
-import base64, functools, math
+import base64, functools, math, operator
 
 # %% auto #0
 __all__ = ['new_figure', 'tick_label', 'static_bundle', 'Recorder', 'Binned']
@@ -134,6 +134,8 @@ def static_bundle(wide: bytes, narrow: bytes | None = None, width: int = 860) ->
             {'image/png': {'width': width}})
 
 # %% ../nbs/01_recorder.ipynb #e806ef37
+_LR = operator.itemgetter('lr')   # a param group's learning rate
+
 def _momentum_key(g: dict) -> str | None:
     "The momentum's key in a param group: Adam's `betas` (β₁), or a `momentum` above 0; else None."
     if 'betas' in g: return 'betas'
@@ -194,6 +196,7 @@ class Recorder(Hook):
         self._new = []                            # steps noted since the last `_commit`, as tuples
         self._epochs, self._epoch_step = [], []
         self._lo, self._cur = 0, None             # `_cur`: (step, LRs, momentum) read in before_step
+        self._noted = -1                          # the batch (`state.iteration`) whose step was noted last
         self._pgs, self._mom_key = [], None
 
     # ---- events
@@ -202,30 +205,31 @@ class Recorder(Hook):
         self._pgs = t.opt.optimizer.param_groups if hasattr(t.opt, 'optimizer') else t.opt.param_groups
         self._mom_key = _momentum_key(self._pgs[0])
         self._forget_lost()
-        self._lo, self._cur = len(t.losses), None
+        self._lo, self._cur, self._noted = len(t.losses), None, -1
 
     def before_step(self):
         "Read the LR and momentum the optimizer is about to step with (after lower-order hooks set them)."
         pgs, k = self._pgs, self._mom_key
         mom = None if k is None else float(pgs[0][k][0] if k == 'betas' else pgs[0][k])
-        self._cur = (self.trainer.state.step + 1, [float(g['lr']) for g in pgs], mom)
+        self._cur = (self.trainer.state.step + 1, list(map(float, map(_LR, pgs))), mom)   # (no Python frame)
 
-    def after_step(self): self._note(self.trainer.state.iteration)   # (the batch is counted before its step)
+    def _note(self):
+        "Note the step just taken, in the current batch, with what `before_step` read (buffered in blocks)."
+        t = self.trainer
+        s, end, cur = t.state, len(t.losses), self._cur
+        self._new.append((s.step, s.iteration, end, end - self._lo, cur[1], cur[2]))   # (the batch counted before)
+        self._lo, self._cur, self._noted = end, None, s.iteration
+        if len(self._new) >= 1024: self._materialize()   # (the losses stay in the trainer's log until then)
+
+    after_step = _note   # the step noted at once (one call: this runs at every step)
 
     def after_batch(self):
         t = self.trainer
-        if self._cur is not None and self._cur[0] == t.state.step:   # the step's after_step was cut short
-            self._note(t.state.iteration)
-        if t.grad_accum == 1 or t.accelerator.sync_gradients:
+        s = t.state
+        if self._noted == s.iteration: return   # its step noted: the next stretch of losses starts after this batch
+        if self._cur is not None and self._cur[0] == s.step: self._note()   # the step's after_step was cut short
+        elif t.grad_accum == 1 or t.accelerator.sync_gradients:
             self._lo = len(t.losses)   # a group that ended without a step: its losses belong to no step
-
-    def _note(self, iteration: int):
-        "Note the step just taken, in batch number `iteration`, with what `before_step` read (buffered in blocks)."
-        t = self.trainer
-        end = len(t.losses)
-        self._new.append((t.state.step, iteration, end, end - self._lo, *self._cur[1:]))
-        self._lo, self._cur = end, None
-        if len(self._new) >= 1024: self._materialize()   # (the losses stay in the trainer's log until then)
 
     def after_epoch(self):
         self._epochs.append({k: to_plain(v) for k, v in self.trainer.epoch_results.items()})
@@ -235,7 +239,7 @@ class Recorder(Hook):
     def after_fit(self):
         # the last step was taken, but a hook that runs before this one stopped the fit in after_step
         s = self.trainer.state
-        if self._cur is not None and self._cur[0] == s.step: self._note(s.iteration)
+        if self._cur is not None and self._cur[0] == s.step: self._note()
         self._cur = None
         self._forget_lost()
         self._materialize()
