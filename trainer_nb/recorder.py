@@ -135,6 +135,7 @@ def static_bundle(wide: bytes, narrow: bytes | None = None, width: int = 860) ->
 
 # %% ../nbs/01_recorder.ipynb #e806ef37
 _LR = operator.itemgetter('lr')   # a param group's learning rate
+_LRS, _FIRST = operator.itemgetter(4), operator.itemgetter(0)   # a noted step's learning rates; the first of them
 
 def _momentum_key(g: dict) -> str | None:
     "The momentum's key in a param group: Adam's `betas` (β₁), or a `momentum` above 0; else None."
@@ -247,24 +248,30 @@ class Recorder(Hook):
     # ---- bookkeeping
     def _commit(self):
         "Move the steps noted since the last call into the numpy buffers (one block: cheaper than a row at a time)."
+        if not self._new: return
         groups = len(self._lrs)
-        for r in self._new:   # parameter groups may be added between steps, never removed
-            if len(r[4]) < groups:
-                raise ValueError(f"The optimizer has {len(r[4])} parameter groups, fewer than the {groups} "
-                                 "recorded so far")
-            groups = len(r[4])
+        sizes = list(map(len, map(_LRS, self._new)))
+        if sizes[0] < groups or sizes != sorted(sizes):   # parameter groups may be added between steps, never removed
+            for g in sizes:
+                if g < groups:
+                    raise ValueError(f"The optimizer has {g} parameter groups, fewer than the {groups} recorded so far")
+                groups = g
+        groups = max(groups, sizes[-1])
         rows, self._new = self._new, []
-        if not rows: return
         steps, its, ends, ns, lrs, moms = zip(*rows)
-        n0 = len(self._step)
+        n0, n = len(self._step), len(rows)
         for buf, vals in ((self._step, steps), (self._iter, its), (self._p_end, ends), (self._p_n, ns)):
-            buf.extend(vals)
+            buf.extend(np.fromiter(vals, buf.data.dtype, n))   # (from Python numbers: cheaper than `np.asarray`)
         while len(self._lrs) < groups:   # a group added: NaN before
             self._lrs.append(_Buf(np.float64, np.full(n0, np.nan)))
         for i, b in enumerate(self._lrs):
-            b.extend([l[i] if i < len(l) else math.nan for l in lrs] if i else [l[0] for l in lrs])
-        if self._mom is None and any(m is not None for m in moms): self._mom = _Buf(np.float64, np.full(n0, np.nan))
-        if self._mom is not None: self._mom.extend([math.nan if m is None else m for m in moms])
+            b.extend(np.fromiter(map(_FIRST, lrs), np.float64, n) if i == 0 else
+                     [l[i] if i < len(l) else math.nan for l in lrs])
+        nones = moms.count(None)
+        if self._mom is None and nones < n: self._mom = _Buf(np.float64, np.full(n0, np.nan))
+        if self._mom is not None:
+            self._mom.extend(np.fromiter(moms, np.float64, n) if not nones else
+                             [math.nan if m is None else m for m in moms])
 
     def _forget_lost(self):
         "Steps whose losses left the log before reaching the host (a fit stopped mid-way) get no loss."
