@@ -464,3 +464,18 @@ def test_liveplot_redraw_cost_does_not_grow_with_the_steps():
     rec.arrays(max_points=500)   # the one-shot downsampling, for comparison: a pass over every step
     full = tracemalloc.get_traced_memory()[1]; tracemalloc.stop()
     assert full > 8e6, full
+
+
+def test_a_long_record_is_what_a_slow_hook_saw():
+    "Over more steps than a block (1,024 noted steps committed mid-fit): two groups' LRs, Adam's beta1, each loss."
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(8, 16), nn.ReLU(), nn.Linear(16, 2))
+    opt = torch.optim.Adam([{'params': model[0].parameters()}, {'params': model[2].parameters(), 'lr': 3e-3}], lr=1e-3)
+    t = Trainer(model, DataLoader(toy_data(1100 * 2), batch_size=2), loss_func=F.cross_entropy, opt_func=opt,
+                cpu=True, default_hooks=False, hooks=[Recorder(), Spy(), Jitter()])
+    t.fit(1)
+    spy, steps = t.get_hook(Spy), t.get_hook(Recorder).steps
+    assert steps.step.tolist() == list(range(1, 1101)) and steps.iteration.tolist() == list(range(1, 1101))
+    assert steps.lr.tolist() == [l[0] for l in spy.lrs] and steps.lr_1.tolist() == [l[1] for l in spy.lrs]
+    assert steps.mom.tolist() == spy.moms
+    assert steps.loss.tolist() == np.float32(spy.losses).astype(np.float64).tolist()

@@ -77,6 +77,11 @@ class Hook:
     @property
     def name(self) -> str: return type(self).__name__
     def state_dict(self) -> dict: return {}
+    def idle_events(self) -> tuple[str, ...]:
+        """Events this hook has nothing to do at in the fit about to start: that fit leaves them out of its calls.
+        Asked once a fit, when its events are bound (before `before_fit`: from what is known then); a dev run asks
+        nothing and calls them all. None by default."""
+        return ()
     def load_state_dict(self, state: dict): pass
     def __repr__(self): return f"{self.name}(order={self.order})"
 
@@ -104,16 +109,25 @@ def _timed(clock: dict, name: str, f):
         finally: clock[name] = clock.get(name, 0.) + time.perf_counter() - t0
     return timed
 
+def _idle_events(hook) -> frozenset:
+    "The events `hook` says it has nothing to do at in the fit being bound (`Hook.idle_events`), checked."
+    f = getattr(hook, 'idle_events', None)
+    idle = frozenset(f()) if callable(f) else frozenset()
+    if not idle <= set(EVENTS):
+        raise ValueError(f"Hook {hook.name}'s idle_events names what is no event: {sorted(idle - set(EVENTS))}")
+    return idle
+
 class EventCalls(dict):
     """`{event: ((hook name, bound method), ...)}`, bound once; `run` and `run_all` call an event's hooks. With `clock`
     (a dict), each hook method is wrapped to add its time to `clock[hook name]` (the `Timing` hook asks for that), but
-    those of a hook that is the clock itself (`untimed`)."""
+    those of a hook that is the clock itself (`untimed`). A hook's `idle_events` are left out (but in a dev run)."""
     def __init__(self, hooks=(), main: bool = True, dev_run: bool = False, warn: bool = True, clock=None):
         def bind(h, e):
             f = getattr(h, e)
             return f if clock is None or getattr(h, 'untimed', False) else _timed(clock, h.name, f)
-        super().__init__({e: tuple((h.name, bind(h, e)) for h in hooks_of(hooks, e)
-                                   if (main or not h.main_process_only) and (h.in_dev_run or not dev_run))
+        bound = [h for h in hooks if (main or not h.main_process_only) and (h.in_dev_run or not dev_run)]
+        idle = {} if dev_run else {id(h): _idle_events(h) for h in bound}
+        super().__init__({e: tuple((h.name, bind(h, e)) for h in hooks_of(bound, e) if e not in idle.get(id(h), ()))
                           for e in EVENTS})
         for h in hooks if warn else ():
             for n in unknown_events(h):
@@ -403,17 +417,27 @@ class Smoother:
         """Add `values` (taken at `steps`, increasing numbers, when they are not evenly spaced); returns the smoothed
         value after each of them (NaN before the first finite value)."""
         values = np.asarray(values, dtype=np.float64).ravel()
-        gaps = steps is not None
-        steps = np.zeros(len(values)) if steps is None else np.asarray(steps, dtype=np.float64).ravel()
+        if steps is None: return self._update_evenly(values.tolist())
+        steps = np.asarray(steps, dtype=np.float64).ravel()
         out, b = np.full(len(values), np.nan), self.beta
         avg, weight, last = self.avg, self.weight, self.last
         for i, (s, v) in enumerate(zip(steps.tolist(), values.tolist())):
             if math.isfinite(v):
-                a = b ** max(s - last, 1.0) if gaps and last is not None else b
+                a = b ** max(s - last, 1.0) if last is not None else b
                 avg, weight, last = a * avg + (1 - a) * v, a * weight + (1 - a), s
             if weight: out[i] = avg / weight
         self.avg, self.weight, self.last = avg, weight, last
         return out
+
+    def _update_evenly(self, values: list) -> np.ndarray:
+        "`update` of values without steps (each at step 0, as `last` counts them): the same sums, less work a value."
+        b, c, isfinite, nan = self.beta, 1 - self.beta, math.isfinite, math.nan
+        avg, weight, last, out = self.avg, self.weight, self.last, []
+        for v in values:
+            if isfinite(v): avg, weight, last = b * avg + c * v, b * weight + c, 0.0
+            out.append(avg / weight if weight else nan)
+        self.avg, self.weight, self.last = avg, weight, last
+        return np.array(out, dtype=np.float64)
 
     @property
     def value(self) -> float:

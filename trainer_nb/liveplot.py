@@ -12,7 +12,7 @@ __all__ = ['LOG_SPAN', 'pack', 'PlotView', 'draw_curves', 'baseline_series', 'Li
 # %% ../nbs/04_liveplot.ipynb #892d2db3
 import numpy as np
 from .base import MainProcessHook, TrainerWarning, name_of, smooth
-from .progress import VIEWS, auto_beta, display_handle, open_view, resolve_mode
+from .progress import VIEWS, auto_beta, detect_mode, display_handle, open_view, resolve_mode
 from .recorder import Binned, Recorder, static_bundle, tick_label
 from .runs import find_run
 from .inside import LayerStats
@@ -555,8 +555,13 @@ class LivePlot(MainProcessHook):
             self.view = open_view('liveplot', round(w * self.dpi), round(h * self.dpi))
             self.redraw()   # the panels at once, empty: the cell's layout does not jump when the curves come
 
+    def idle_events(self) -> tuple[str, ...]:
+        "Without a live view ('text', 'off'), it has nothing to do while training: only `before_fit` and `after_fit`."
+        live = self.mode == 'widget' or (self.mode == 'auto' and detect_mode() == 'widget')
+        return () if live else ('after_batch', 'before_valid', 'after_epoch')
+
     def after_batch(self):
-        if time.perf_counter() >= self._next: self.redraw()   # 'off' and 'text': never
+        if time.perf_counter() >= self._next: self.redraw()
     def before_valid(self):   # the epoch's last steps, before a validation that may take long
         if time.perf_counter() >= self._next - 0.75 * self.every: self.redraw()
     def after_epoch(self):    # its results; the last epoch's at once

@@ -237,6 +237,10 @@ class Progress(MainProcessHook):
         if self.active == 'widget': self.view = open_view('dashboard', s.epochs, s.n_batches, s.epoch)
         elif self.active == 'text': self._text_header_done, self._bar, self._hinted = False, None, False
 
+    def idle_events(self) -> tuple[str, ...]:
+        "With `mode='off'` it shows nothing: no redraw at the epochs and batches."
+        return ('before_epoch', 'after_batch', 'before_valid', 'after_epoch') if self.mode == 'off' else ()
+
     def before_epoch(self):
         if self.active == 'off': return
         self.t_epoch, self.it_epoch0 = time.perf_counter(), self.trainer.state.iteration

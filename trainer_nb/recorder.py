@@ -4,7 +4,7 @@
 
 # %% ../nbs/01_recorder.ipynb #7054e7d2
 from __future__ import annotations
-import base64, functools, math
+import base64, functools, math, operator
 
 # %% auto #0
 __all__ = ['new_figure', 'tick_label', 'static_bundle', 'Recorder', 'Binned']
@@ -134,6 +134,9 @@ def static_bundle(wide: bytes, narrow: bytes | None = None, width: int = 860) ->
             {'image/png': {'width': width}})
 
 # %% ../nbs/01_recorder.ipynb #e806ef37
+_LR = operator.itemgetter('lr')   # a param group's learning rate
+_LRS, _FIRST = operator.itemgetter(4), operator.itemgetter(0)   # a noted step's learning rates; the first of them
+
 def _momentum_key(g: dict) -> str | None:
     "The momentum's key in a param group: Adam's `betas` (β₁), or a `momentum` above 0; else None."
     if 'betas' in g: return 'betas'
@@ -194,6 +197,7 @@ class Recorder(Hook):
         self._new = []                            # steps noted since the last `_commit`, as tuples
         self._epochs, self._epoch_step = [], []
         self._lo, self._cur = 0, None             # `_cur`: (step, LRs, momentum) read in before_step
+        self._noted = -1                          # the batch (`state.iteration`) whose step was noted last
         self._pgs, self._mom_key = [], None
 
     # ---- events
@@ -202,30 +206,31 @@ class Recorder(Hook):
         self._pgs = t.opt.optimizer.param_groups if hasattr(t.opt, 'optimizer') else t.opt.param_groups
         self._mom_key = _momentum_key(self._pgs[0])
         self._forget_lost()
-        self._lo, self._cur = len(t.losses), None
+        self._lo, self._cur, self._noted = len(t.losses), None, -1
 
     def before_step(self):
         "Read the LR and momentum the optimizer is about to step with (after lower-order hooks set them)."
         pgs, k = self._pgs, self._mom_key
         mom = None if k is None else float(pgs[0][k][0] if k == 'betas' else pgs[0][k])
-        self._cur = (self.trainer.state.step + 1, [float(g['lr']) for g in pgs], mom)
+        self._cur = (self.trainer.state.step + 1, list(map(float, map(_LR, pgs))), mom)   # (no Python frame)
 
-    def after_step(self): self._note(self.trainer.state.iteration)   # (the batch is counted before its step)
+    def _note(self):
+        "Note the step just taken, in the current batch, with what `before_step` read (buffered in blocks)."
+        t = self.trainer
+        s, end, cur = t.state, len(t.losses), self._cur
+        self._new.append((s.step, s.iteration, end, end - self._lo, cur[1], cur[2]))   # (the batch counted before)
+        self._lo, self._cur, self._noted = end, None, s.iteration
+        if len(self._new) >= 1024: self._materialize()   # (the losses stay in the trainer's log until then)
+
+    after_step = _note   # the step noted at once (one call: this runs at every step)
 
     def after_batch(self):
         t = self.trainer
-        if self._cur is not None and self._cur[0] == t.state.step:   # the step's after_step was cut short
-            self._note(t.state.iteration)
-        if t.grad_accum == 1 or t.accelerator.sync_gradients:
+        s = t.state
+        if self._noted == s.iteration: return   # its step noted: the next stretch of losses starts after this batch
+        if self._cur is not None and self._cur[0] == s.step: self._note()   # the step's after_step was cut short
+        elif t.grad_accum == 1 or t.accelerator.sync_gradients:
             self._lo = len(t.losses)   # a group that ended without a step: its losses belong to no step
-
-    def _note(self, iteration: int):
-        "Note the step just taken, in batch number `iteration`, with what `before_step` read (buffered in blocks)."
-        t = self.trainer
-        end = len(t.losses)
-        self._new.append((t.state.step, iteration, end, end - self._lo, *self._cur[1:]))
-        self._lo, self._cur = end, None
-        if len(self._new) >= 1024: self._materialize()   # (the losses stay in the trainer's log until then)
 
     def after_epoch(self):
         self._epochs.append({k: to_plain(v) for k, v in self.trainer.epoch_results.items()})
@@ -235,7 +240,7 @@ class Recorder(Hook):
     def after_fit(self):
         # the last step was taken, but a hook that runs before this one stopped the fit in after_step
         s = self.trainer.state
-        if self._cur is not None and self._cur[0] == s.step: self._note(s.iteration)
+        if self._cur is not None and self._cur[0] == s.step: self._note()
         self._cur = None
         self._forget_lost()
         self._materialize()
@@ -243,24 +248,30 @@ class Recorder(Hook):
     # ---- bookkeeping
     def _commit(self):
         "Move the steps noted since the last call into the numpy buffers (one block: cheaper than a row at a time)."
+        if not self._new: return
         groups = len(self._lrs)
-        for r in self._new:   # parameter groups may be added between steps, never removed
-            if len(r[4]) < groups:
-                raise ValueError(f"The optimizer has {len(r[4])} parameter groups, fewer than the {groups} "
-                                 "recorded so far")
-            groups = len(r[4])
+        sizes = list(map(len, map(_LRS, self._new)))
+        if sizes[0] < groups or sizes != sorted(sizes):   # parameter groups may be added between steps, never removed
+            for g in sizes:
+                if g < groups:
+                    raise ValueError(f"The optimizer has {g} parameter groups, fewer than the {groups} recorded so far")
+                groups = g
+        groups = max(groups, sizes[-1])
         rows, self._new = self._new, []
-        if not rows: return
         steps, its, ends, ns, lrs, moms = zip(*rows)
-        n0 = len(self._step)
+        n0, n = len(self._step), len(rows)
         for buf, vals in ((self._step, steps), (self._iter, its), (self._p_end, ends), (self._p_n, ns)):
-            buf.extend(vals)
+            buf.extend(np.fromiter(vals, buf.data.dtype, n))   # (from Python numbers: cheaper than `np.asarray`)
         while len(self._lrs) < groups:   # a group added: NaN before
             self._lrs.append(_Buf(np.float64, np.full(n0, np.nan)))
         for i, b in enumerate(self._lrs):
-            b.extend([l[i] if i < len(l) else math.nan for l in lrs] if i else [l[0] for l in lrs])
-        if self._mom is None and any(m is not None for m in moms): self._mom = _Buf(np.float64, np.full(n0, np.nan))
-        if self._mom is not None: self._mom.extend([math.nan if m is None else m for m in moms])
+            b.extend(np.fromiter(map(_FIRST, lrs), np.float64, n) if i == 0 else
+                     [l[i] if i < len(l) else math.nan for l in lrs])
+        nones = moms.count(None)
+        if self._mom is None and nones < n: self._mom = _Buf(np.float64, np.full(n0, np.nan))
+        if self._mom is not None:
+            self._mom.extend(np.fromiter(moms, np.float64, n) if not nones else
+                             [math.nan if m is None else m for m in moms])
 
     def _forget_lost(self):
         "Steps whose losses left the log before reaching the host (a fit stopped mid-way) get no loss."

@@ -127,7 +127,7 @@ class RunRecorder(MainProcessHook):
         rec['segments'].append([time.time(), None])
         self.record, self._on = rec, True
         self._t0, self._secs0, self._last_clock = time.monotonic(), rec['seconds'], 0.
-        self._clock_every, self._last_write = 1., time.monotonic()
+        self._clock_every, self._last_write, self._due = 1., time.monotonic(), 0.
         _remember(rec)
         if self.path is not None: self.path.parent.mkdir(parents=True, exist_ok=True)
         self.save()
@@ -138,6 +138,10 @@ class RunRecorder(MainProcessHook):
 
     def after_step(self):
         now = time.monotonic()
+        if now >= self._due: self._on_time(now)   # (one comparison a step: `_due` is the nearer of the two below)
+
+    def _on_time(self, now: float):
+        "A point of the clock, a save, or both, where their time has come; then when to look again."
         if now - self._last_clock >= self._clock_every:
             self._last_clock = now
             s, clock = self.trainer.state, self.record['clock']
@@ -146,6 +150,11 @@ class RunRecorder(MainProcessHook):
                 del clock[1::2]
                 self._clock_every *= 2
         if now - self._last_write >= self.every_seconds: self.save()
+        self._look_again()
+
+    def _look_again(self):
+        "When `after_step` next looks closer: a hair before the next point of the clock or save is due."
+        self._due = min(self._last_clock + self._clock_every, self._last_write + self.every_seconds) - 1e-6
 
     def after_valid(self):
         t, s = self.trainer, self.trainer.state
@@ -184,6 +193,7 @@ class RunRecorder(MainProcessHook):
                              'loss': _plain_list(_downsample(df['loss'].to_numpy(), n)),
                              'lr': _plain_list(_downsample(df['lr'].to_numpy(), n))}
         self._last_write = time.monotonic()
+        self._look_again()
         if self.path is not None: _write_record(self.path, rec)
 
 # %% ../nbs/17_runs.ipynb #ede31036
