@@ -90,6 +90,13 @@ def test_sigkill_then_resume_is_bitwise_exact(tmp_path, tmp_path_factory, accum,
     assert rb['state']['iteration'] == 36 and rb['state']['step'] == 3 * -(-12 // accum)
 
 
+def saving(d, p):
+    "Return as soon as a save of the run in `d` is under way (its `.tmp-step-` directory exists), or `p` has ended."
+    while p.poll() is None:
+        if d.is_dir() and any(x.name.startswith('.tmp-step-') for x in os.scandir(d)): return
+        time.sleep(0.0005)
+
+
 def test_kill_repeatedly_while_saving(tmp_path, tmp_path_factory):
     "A model large enough that saving takes most of the time, a save every step, SIGKILL at random moments."
     from trainer_nb.checkpoint import list_checkpoints
@@ -107,7 +114,8 @@ def test_kill_repeatedly_while_saving(tmp_path, tmp_path_factory):
             p.wait(); break                # resumed from the final checkpoint: nothing left to train
         if not line.startswith('READY'):   # the resume itself failed
             p.wait(); raise AssertionError(f"no READY: {line!r} {p.stderr.read()}")
-        time.sleep(rng.uniform(0.05, 0.5))
+        if mid_save or _ % 2 == 0: time.sleep(rng.uniform(0.05, 0.5))   # a random moment
+        else: saving(d, p)   # (until one lands there) the moment a save is under way: its temporary directory exists
         p.send_signal(signal.SIGKILL)
         p.communicate()
         if p.returncode == -signal.SIGKILL:
