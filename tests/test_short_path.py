@@ -1,4 +1,4 @@
-"""The short path (`Loop._short_batch`): a fit that needs nothing inside a batch but the model, the loss and the step
+"""The short path (`Loop._short_epoch`): a fit that needs nothing inside a batch but the model, the loss and the step
 takes it, and ends bitwise where the general path (`_train_batch`) ends, in every case the short path handles itself
 (schedules, hooks at the step and after the batch, a step cancelled, a model returning a dict, batches that are not
 pairs, a non-finite loss). The general path is forced by a hook at `before_batch` that does nothing."""

@@ -192,6 +192,9 @@ class ResumePlan:
 # %% ../nbs/00_base.ipynb #dd1cc221
 def _stack(ts: list) -> torch.Tensor:
     "Losses (tensors or floats) as one float32 CPU tensor (one transfer); `None` (a batch with no loss) becomes NaN."
+    if type(ts[0]) is float:   # numbers, as the loop keeps them on the CPU: one call (it raises on a `None` in them)
+        try: return torch.tensor(ts, dtype=torch.float32)
+        except (TypeError, ValueError, RuntimeError): pass
     ref = next((t for t in ts if isinstance(t, torch.Tensor)), None)
     if ref is None: return torch.tensor([math.nan if t is None else t for t in ts], dtype=torch.float32)
     if not all(isinstance(t, torch.Tensor) for t in ts):
@@ -263,13 +266,14 @@ class LossLog(_LossReading):
         self._skipped.add(len(self))
         self._pending.append(None)
 
-    def flush(self) -> torch.Tensor | None:
-        "Move pending losses to the host (one transfer); returns them as a float32 CPU tensor."
+    def flush(self, checked: bool = False) -> torch.Tensor | None:
+        """Move pending losses to the host (one transfer); returns them as a float32 CPU tensor. `checked`: the caller
+        has checked each of them for non-finite values already (the loop, at each batch): `check` leaves them out."""
         if not self._pending: return None
         chunk = _stack(self._pending)
         self._pending.clear()   # in place: the loop holds this list
         self._chunks.append(chunk)
-        self._unchecked.append((self._n, chunk))
+        if not checked: self._unchecked.append((self._n, chunk))
         self._n += len(chunk)
         if len(self._chunks) > 64: self._chunks = [torch.cat(self._chunks)]
         return chunk

@@ -126,14 +126,7 @@ class Loop:
             if calls['before_epoch']: calls.run('before_epoch')
             loader, batches = _epoch_batches(self, dl, start)
             self._epoch_first = len(self.losses) - s.batch
-            train_batch = self._short_batch if self._plain.short else self._train_batch   # (once, not per batch)
-            for batch in batches:
-                train_batch(batch)
-                if every and s.opt_stepped and s.step % every == 0 and s.step < stop and s.batch + 1 != s.n_batches:
-                    _validate_in_epoch(self)   # (not at the epoch's last batch: the epoch's validation follows)
-                s.batch += 1
-                if s.step >= stop: break   # `max_steps` reached: the epoch ends here, and the fit with it
-                if self._asked and self.accelerator.sync_gradients: self._take_requests(s.batch)   # (at a step)
+            (self._short_epoch if self._plain.short else self._batches)(batches, stop, every)   # (chosen once per fit)
             if s.batch == 0 and s.n_batches == 0: raise ValueError("train_dl yielded no batches")
         except CancelEpoch: _drop_unfinished(self)
         finally:   # an Accelerate loader left part-way stays registered as the one iterated: end it
@@ -153,6 +146,18 @@ class Loop:
             if calls['after_epoch']: calls.run('after_epoch')
         except CancelEpoch: pass       # the remaining after_epoch hooks are skipped
 
+    def _batches(self, batches, stop: float, every: int | None):
+        """The epoch's batches, each by `_train_batch`; between two, a validation when `eval_every` steps are done, the
+        end at `max_steps` (`stop`), and what other threads asked (`_take_requests`) at a step."""
+        s, train_batch = self.state, self._train_batch
+        for batch in batches:
+            train_batch(batch)
+            if every and s.opt_stepped and s.step % every == 0 and s.step < stop and s.batch + 1 != s.n_batches:
+                _validate_in_epoch(self)   # (not at the epoch's last batch: the epoch's validation follows)
+            s.batch += 1
+            if s.step >= stop: break   # `max_steps` reached: the epoch ends here, and the fit with it
+            if self._asked and self.accelerator.sync_gradients: self._take_requests(s.batch)   # (at a step)
+
     def _train_batch(self, batch):
         "One batch: its pass (`_pass`); the batch counted; when one is due, the optimizer step; `after_batch`."
         s, calls, p = self.state, self._calls, self._plain
@@ -169,54 +174,65 @@ class Loop:
         try:
             if calls['after_batch']: calls.run('after_batch')
         except CancelBatch: pass   # the batch is done: only the remaining after_batch hooks are skipped
-        finally:   # no graph kept between batches but one whose backward pass ran (`_held`: see `_short_batch`)
+        finally:   # no graph kept between batches but one whose backward pass ran (`_held`: see `_short_epoch`)
             self._held, self.loss, self.preds, self.out = self.loss if self._backward_done else None, None, None, None
 
-    def _short_batch(self, batch):
-        """`_train_batch` in one frame, for the fit most fits are: chosen once per fit (`_Plain.short`) where the loop
-        has one process, steps every batch, computes `loss_func(model(x), y)`, runs no hook inside the batch
-        (`before_batch` to `after_backward`) and checks no gradient. The same work in the same order, without the
-        calls and branches that fit does not need; a batch that is not `(x, y)` takes `_train_batch`. Both paths keep
-        the loss of a batch whose backward pass ran (`_held`) until the next batch's graph is built, as a hand-written
-        loop keeps `loss`: autograd then reuses each parameter's gradient accumulator instead of making it anew. That
-        graph holds no activations (its backward pass freed them); the end of a fit lets it go."""
-        if type(batch) not in _PAIR or len(batch) != 2: return self._train_batch(batch)
-        s, p, calls = self.state, self._plain, self._calls
-        self.batch, s.opt_stepped, self._backward_done, self._step_begun = batch, False, False, False
-        x, y = batch
-        try:
-            out = self.model(x)
-            if type(out) is torch.Tensor and p.preds_key is None: self.preds = out
-            else: self.out, self.preds = out, _out_parts(out, p.preds_key)[1]
-            loss = self.loss = p.loss_of(self.preds, y)
-            if type(loss) is not torch.Tensor or loss.ndim: _check_loss(loss, "loss_func's result")
-            kept = p.keep(loss)
-            p.pending.append(kept)
-            if p.check and not math.isfinite(kept): raise self._non_finite_here(batch, 'loss')
-            p.backward(loss)
-            self._backward_done = due = True
-            if p.lean: self.preds = self.out = out = None   # (not alive through the step: a lean step)
-        except CancelBatch:   # (from the model or the loss function)
-            _drop_batch(self)
-            due = False
-        s.samples += x.shape[0] if type(x) is torch.Tensor else batch_size(batch)
-        s.iteration += 1
-        try:
-            if due:   # `_step`, as it is without a grad scaler or counted items
-                if calls['before_step']: calls.run('before_step')
-                p.optimizer_step()
-                s.opt_stepped = True
-                for sched in p.schedulers: sched.step()
-                p.zero_grad()
-                s.step += 1
-                if calls['after_step']: calls.run('after_step')
-        except CancelBatch:
-            if not s.opt_stepped: _drop_grads(self)
-        if len(p.pending) >= p.sync_every: self.flush_losses()
-        try:
-            if calls['after_batch']: calls.run('after_batch')
-        except CancelBatch: pass
-        finally: self._held, self.loss, self.preds, self.out = self.loss if due else None, None, None, None
+    def _short_epoch(self, batches, stop: float, every: int | None):
+        """`_batches` and `_train_batch` in one frame, for the fit most fits are (`_Plain.short`, chosen once per fit):
+        one process, a step every batch, `loss_func(model(x), y)`, no hook inside the batch (`before_batch` to
+        `after_backward`), no gradient check. The same work in the same order, with what the fit reads bound once an
+        epoch, and without the calls and branches that fit does not need; a batch that is not `(x, y)` takes
+        `_train_batch`. Both paths keep the loss of a batch whose backward pass ran (`_held`) until the next batch's
+        graph is built, as a hand-written loop keeps `loss`: autograd then reuses each parameter's
+        gradient accumulator instead of making it anew. That graph holds no activations (its backward pass freed them)."""
+        s, p, calls, key = self.state, self._plain, self._calls, self._plain.preds_key
+        loss_of, keep, pending, check, backward, lean = p.loss_of, p.keep, p.pending, p.check, p.backward, p.lean
+        opt_step, scheds, zero_grad, sync_every = p.optimizer_step, p.schedulers, p.zero_grad, p.sync_every
+        before_step, after_step, after_batch = calls['before_step'], calls['after_step'], calls['after_batch']
+        for batch in batches:
+            if type(batch) not in _PAIR or len(batch) != 2: self._train_batch(batch)
+            else:
+                self.batch, s.opt_stepped, (x, y) = batch, False, batch
+                try:
+                    out = self.model(x)   # (read at each batch: a hook may set another)
+                    if type(out) is torch.Tensor and key is None: self.preds = preds = out
+                    else: self.out, self.preds = out, (preds := _out_parts(out, key)[1])
+                    loss = self.loss = loss_of(preds, y)
+                    if type(loss) is not torch.Tensor or loss.ndim: _check_loss(loss, "loss_func's result")
+                    kept = keep(loss)
+                    pending.append(kept)
+                    if check and not math.isfinite(kept): raise self._non_finite_here(batch, 'loss')
+                    backward(loss)
+                    due = True
+                    if lean: self.preds = self.out = out = preds = None   # (not alive through the step: a lean step)
+                except CancelBatch:   # (from the model or the loss function)
+                    _drop_batch(self)
+                    due = False
+                s.samples += x.shape[0] if type(x) is torch.Tensor else batch_size(batch)
+                s.iteration += 1
+                try:
+                    if due:   # `_step`, as it is without a grad scaler or counted items
+                        if before_step: calls.run('before_step')
+                        opt_step()
+                        s.opt_stepped = True
+                        for sched in scheds: sched.step()
+                        zero_grad()
+                        s.step += 1
+                        if after_step: calls.run('after_step')
+                except CancelBatch:
+                    if not s.opt_stepped: _drop_grads(self)
+                if len(pending) >= sync_every: self.flush_losses()
+                try:
+                    if after_batch: calls.run('after_batch')
+                except CancelBatch: pass
+                finally:
+                    self._held = loss if due else None
+                    self.loss = self.preds = self.out = None
+            if every and s.opt_stepped and s.step % every == 0 and s.step < stop and s.batch + 1 != s.n_batches:
+                _validate_in_epoch(self)
+            s.batch += 1
+            if s.step >= stop: break
+            if self._asked and self.accelerator.sync_gradients: self._take_requests(s.batch)
 
     def _pass(self, batch) -> tuple:
         """The batch's passes: `before_batch`, forward, `after_pred`, loss, `after_loss`, backward, `after_backward`.
@@ -489,8 +505,9 @@ class Loop:
 
     def flush_losses(self):
         """Move pending losses (and logged values) to the host, one transfer, and check every loss moved since the
-        last check: with `nan_policy='raise'` a non-finite one raises, naming its epoch, batch and iteration."""
-        self.losses.flush()
+        last check: with `nan_policy='raise'` a non-finite one raises, naming its epoch, batch and iteration. (Where the
+        fit checks each loss at its batch, `_Plain.check`, they are not checked again.)"""
+        self.losses.flush(self.fitting and self._plain.check)
         self.logged.flush()
         bad = self.losses.check()
         if bad is not None and self.nan_policy != 'skip': raise _non_finite_error(self, bad)
@@ -768,7 +785,7 @@ class _Plain:
         self.zero_grad = (functools.partial(self.opt.zero_grad, True) if _inherited(t, 'zero_grad')   # set_to_none
                           else t.zero_grad)
         self.preds_key = t.preds_key
-        # the short path (`Loop._short_batch`): nothing of the batch's own but the model, the loss and the step
+        # the short path (`Loop._short_epoch`): nothing of the batch's own but the model, the loss and the step
         self.short = (self.every_batch and self.one_process and self.scaler is None and not self.manual
                       and t.train_step is None and t.loss_func is not None and self.items is None and not self.skip
                       and self.grads is None and not any(t._calls[e] for e in _INNER) and _inherited(t, '_train_batch'))
