@@ -41,7 +41,9 @@ def _downsample(x: np.ndarray, n: int) -> np.ndarray:
     with np.errstate(invalid='ignore', divide='ignore'):
         return np.add.reduceat(np.where(fin, x, 0.), idx) / np.add.reduceat(fin.astype(np.int64), idx)
 
-def _plain_list(x) -> list: return [None if not math.isfinite(v) else round(float(v), 8) for v in x]
+def _plain_list(x) -> list:
+    "Numbers for JSON: NaN and infinities as None, the others rounded to 8 decimals (`x` read as Python floats at once)."
+    return [None if not math.isfinite(v) else round(v, 8) for v in np.asarray(x, dtype=np.float64).tolist()]
 
 def _plain_dict(d: dict) -> dict:
     out = {}
@@ -185,13 +187,11 @@ class RunRecorder(MainProcessHook):
         rec['steps'], rec['samples'], rec['epochs_done'] = s.step, s.samples, len(rec['epochs'])
         rec['seconds'] = round(self._secs0 + time.monotonic() - self._t0, 3)
         recs = [h for h in t.hooks if isinstance(h, Recorder)]
-        if recs:
-            df = recs[0].steps
-            df = df[df['step'] > rec['first_step']]
-            n = self.max_points
-            rec['series'] = {'step': _plain_list(_downsample(df['step'].to_numpy(), n)),
-                             'loss': _plain_list(_downsample(df['loss'].to_numpy(), n)),
-                             'lr': _plain_list(_downsample(df['lr'].to_numpy(), n))}
+        if recs:   # the Recorder's arrays (no table built: this runs at each save)
+            recs[0].sync()
+            cols = recs[0].per_step()
+            mine = cols['step'] > rec['first_step']
+            rec['series'] = {k: _plain_list(_downsample(cols[k][mine], self.max_points)) for k in ('step', 'loss', 'lr')}
         self._last_write = time.monotonic()
         self._look_again()
         if self.path is not None: _write_record(self.path, rec)
