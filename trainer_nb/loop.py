@@ -183,8 +183,8 @@ class Loop:
         `after_backward`), no gradient check. The same work in the same order, with what the fit reads bound once an
         epoch, and without the calls and branches that fit does not need; a batch that is not `(x, y)` takes
         `_train_batch`. Both paths keep the loss of a batch whose backward pass ran (`_held`) until the next batch's
-        graph is built, as a hand-written loop keeps `loss`: autograd then reuses each parameter's
-        gradient accumulator instead of making it anew. That graph holds no activations (its backward pass freed them)."""
+        graph is built, as a hand-written loop keeps `loss`: autograd then reuses each parameter's gradient accumulator
+        instead of making it anew. That graph holds no activations (its backward pass freed them)."""
         s, p, calls, key = self.state, self._plain, self._calls, self._plain.preds_key
         loss_of, keep, pending, check, backward, lean = p.loss_of, p.keep, p.pending, p.check, p.backward, p.lean
         opt_step, scheds, zero_grad, sync_every = p.optimizer_step, p.schedulers, p.zero_grad, p.sync_every

@@ -42,7 +42,7 @@ def _downsample(x: np.ndarray, n: int) -> np.ndarray:
         return np.add.reduceat(np.where(fin, x, 0.), idx) / np.add.reduceat(fin.astype(np.int64), idx)
 
 def _plain_list(x) -> list:
-    "Numbers for JSON: NaN and infinities as None, the others rounded to 8 decimals (`x` read as Python floats at once)."
+    "Numbers for JSON: NaN and infinities as None, the others rounded to 8 decimals (read as Python floats at once)."
     return [None if not math.isfinite(v) else round(v, 8) for v in np.asarray(x, dtype=np.float64).tolist()]
 
 def _plain_dict(d: dict) -> dict:
@@ -191,7 +191,8 @@ class RunRecorder(MainProcessHook):
             recs[0].sync()
             cols = recs[0].per_step()
             mine = cols['step'] > rec['first_step']
-            rec['series'] = {k: _plain_list(_downsample(cols[k][mine], self.max_points)) for k in ('step', 'loss', 'lr')}
+            n = self.max_points
+            rec['series'] = {k: _plain_list(_downsample(cols[k][mine], n)) for k in ('step', 'loss', 'lr')}
         self._last_write = time.monotonic()
         self._look_again()
         if self.path is not None: _write_record(self.path, rec)
