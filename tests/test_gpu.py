@@ -130,3 +130,35 @@ def test_timing_reads_cuda_events_without_a_sync_per_batch():
     assert timing._cuda and timing._events == [] and len(timing.reads) == 32
     assert r['train_step'] > 0 and r['train_step'] >= timing.reads[-1] and timing.reads == sorted(timing.reads)
     assert r['train_step'] <= r['wall'] and r['other'] >= 0
+
+
+
+@pytest.mark.parametrize('device', ['cpu', pytest.param('cuda', marks=needs_cuda)])
+def test_batches_from_a_list_and_logged_cpu_values(device):
+    """Accelerate moves the batches of the `DataLoader`s it prepares; a list of CPU batches is moved by the trainer, for
+    training, evaluation and prediction alike. Values logged as numbers, CPU tensors and tensors on the trainer's
+    device in one epoch make one mean."""
+    g = torch.Generator().manual_seed(0)
+    x = torch.randn(64, 16, generator=g)
+    y = x @ torch.randn(16, 1, generator=g)
+    batches = [(x[i:i + 16], y[i:i + 16]) for i in range(0, 64, 16)]
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(16, 32), torch.nn.ReLU(), torch.nn.Linear(32, 1))
+
+    class LogThree(Hook):
+        def after_batch(self):
+            t = self.trainer
+            t.log('v', 1.0)
+            t.log('v', torch.tensor(2.0))
+            t.log('v', torch.tensor(3.0, device=t.device))
+
+    t = Trainer(model, batches, batches, loss_func=F.mse_loss, lr=1e-2, hooks=[LogThree()], default_hooks=False,
+                cpu=device == 'cpu')
+    t.fit(3)
+    assert t.device.type == device and t.state.iteration == 12
+    assert t.epoch_results['v'] == 2.0 and math.isfinite(t.epoch_results['train_loss'])
+    with torch.no_grad(): expected = t.model(x.to(device)).cpu()
+    assert t.valid_results['valid_loss'] == pytest.approx(F.mse_loss(expected, y).item(), rel=1e-5)
+    preds, targets = t.predict(batches)
+    assert preds.device.type == 'cpu' and preds.shape == (64, 1) and torch.equal(targets, y)
+    torch.testing.assert_close(preds, expected)

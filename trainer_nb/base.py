@@ -197,6 +197,8 @@ def _stack(ts: list) -> torch.Tensor:
         except (TypeError, ValueError, RuntimeError): pass
     ref = next((t for t in ts if isinstance(t, torch.Tensor)), None)
     if ref is None: return torch.tensor([math.nan if t is None else t for t in ts], dtype=torch.float32)
+    if any(isinstance(t, torch.Tensor) and t.device != ref.device for t in ts):   # (logged: CPU and GPU tensors)
+        ts, ref = [t.cpu() if isinstance(t, torch.Tensor) else t for t in ts], ref.cpu()
     if not all(isinstance(t, torch.Tensor) for t in ts):
         ts = [t if isinstance(t, torch.Tensor) else
               torch.full((), math.nan if t is None else t, dtype=ref.dtype, device=ref.device) for t in ts]
@@ -322,8 +324,8 @@ class LoggedValues(dict):
         super().__init__()
         self.marks = {}   # name -> how many values `epoch_means` has read
 
-    def add(self, name: str, value, device=None):
-        "Record `value` (a number or a one-element tensor, kept on its device) under `name`."
+    def add(self, name: str, value):
+        "Record `value` (a number, kept on the host, or a one-element tensor, kept on its device) under `name`."
         lg = self.get(name)
         if lg is None:
             if not isinstance(name, str) or not name:
@@ -334,7 +336,7 @@ class LoggedValues(dict):
                 raise ValueError(f"trainer.log({name!r}, ...) needs one number, got a tensor of shape "
                                  f"{tuple(value.shape)}")
             lg.append(value.detach().float().reshape(()))
-        else: lg.append(torch.tensor(float(value), device=device))
+        else: lg.append(float(value))
 
     def flush(self):
         for lg in self.values(): lg.flush()

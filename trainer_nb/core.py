@@ -73,7 +73,7 @@ class Trainer(Loop):
 
     def __init__(self,
                  model: torch.nn.Module,  # the model to train; its forward takes a batch's inputs
-                 train_dl: Iterable | None = None,  # training batches (a DataLoader); needed by fit and lr_find
+                 train_dl: Iterable | None = None,  # training batches (a DataLoader or a list); for fit and lr_find
                  valid_dl: Iterable | Mapping | None = None,  # evaluated after each epoch; or {name: loader, ...}
                  *,
                  loss_func=None,      # `loss_func(preds, targets)` for `(x, y)` batches

@@ -12,10 +12,11 @@ __all__ = ['Loop', 'FitStopped', 'log_scalar']
 
 # %% ../nbs/00_base_loop.ipynb #31c5245c
 import torch
-from torch.utils.data import IterableDataset
+from torch.utils.data import DataLoader, IterableDataset
 from accelerate import Accelerator, skip_first_batches
 from accelerate.state import AcceleratorState
-from accelerate.utils import DistributedType, concatenate, honor_type, pad_across_processes, recursively_apply
+from accelerate.utils import (DistributedType, concatenate, honor_type, pad_across_processes, recursively_apply,
+                               send_to_device)
 from accelerate.utils.memory import clear_device_cache
 
 # %% ../nbs/00_base_loop.ipynb #36d0931d
@@ -516,7 +517,7 @@ class Loop:
         "Record `value` (a number or a one-element tensor, kept on its device) under `name`; see below."
         if name not in self.logged and (name in RESERVED or name in map(name_of, self.metrics)):
             raise ValueError(f"Can't log under {name!r}: the trainer reports its own {name!r}")
-        self.logged.add(name, value, self.device)
+        self.logged.add(name, value)
 
     @property
     def train_loader(self):
@@ -954,11 +955,18 @@ def _make_schedulers(t, epochs, max_steps=None) -> dict:
 # %% ../nbs/00_base_loop.ipynb #e76edebd
 _END = object()
 
+def _on_device(t, dl, it):
+    """Iterator `it` over `dl`'s batches, each sent to the trainer's device where nothing else moves it: a list or a
+    generator of CPU tensors on a GPU (Accelerate prepares, and moves the batches of, `DataLoader`s only)."""
+    dev = t.accelerator.device
+    if dev.type == 'cpu' or isinstance(dl, DataLoader): return it
+    return map(functools.partial(send_to_device, device=dev, non_blocking=True), it)
+
 def _epoch_batches(t, dl, start):
     "`(loader, iterator)` of an epoch: `dl` from its start, or past the batches a resumed epoch had done."
     if start is None:
         t._epoch_rng = rng_state(dl)   # the generators the epoch's order is drawn from (for a stop inside it)
-        return dl, iter(dl)
+        return dl, _on_device(t, dl, iter(dl))
     done, epoch_rng, rng, replay = start
     t._epoch_rng = epoch_rng
     if epoch_rng is not None: set_rng_state(epoch_rng, dl)   # the epoch's data order, as when it started
@@ -976,7 +984,7 @@ def _epoch_batches(t, dl, start):
         first = tuple(itertools.islice(it, 1))   # the order is drawn at the first batch: with `epoch_rng`
     t.state.batch = done
     if rng is not None: set_rng_state(rng, dl)   # the random numbers as they were after the last batch done
-    return loader, itertools.chain(first, it)
+    return loader, _on_device(t, dl, itertools.chain(first, it))
 
 # %% ../nbs/00_base_loop.ipynb #1117fc04
 def _where(t) -> str:
@@ -1245,7 +1253,7 @@ def _run_eval(t, dl, keep_preds: bool, stream=()):
     totals, has_loss, preds, targets = torch.zeros(2, device=acc.device, dtype=torch.float64), True, [], []
     try:
         with torch.no_grad(), acc.autocast():
-            for batch in pdl:
+            for batch in _on_device(t, pdl, iter(pdl)):
                 loss, p, y = t._forward(batch, train=False)
                 bs = batch_size(batch)
                 real = _real_rows(acc, bs)
