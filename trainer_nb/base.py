@@ -219,10 +219,14 @@ class _LossReading:
         return torch.cat(parts[::-1]) if parts else torch.zeros(0)
 
     def mean(self, start: int = 0, stop: int | None = None) -> float:
-        "Mean of the finite losses `start:stop` on the host (NaN if there are none)."
-        v = self.slice(start, stop).double()
-        v = v[torch.isfinite(v)]
-        return v.mean().item() if len(v) else math.nan
+        """Mean of the finite losses `start:stop` on the host (NaN if there are none); in float64, a block of 65,536
+        at a time, so that a long epoch's mean takes little memory beside the losses."""
+        total, n = 0., 0
+        for v in self.slice(start, stop).split(1 << 16):   # (one block: the same number as torch's `mean`)
+            v = v.double()
+            v = v[torch.isfinite(v)]
+            total, n = total + v.sum().item(), n + len(v)
+        return total / n if n else math.nan
 
     def tail(self, start: int, keep: int | None = None) -> torch.Tensor:
         """Losses from index `start` to the end (only the last `keep`, if given), pending ones included, without
