@@ -26,6 +26,14 @@ def fresh_accelerate():
     AcceleratorState._reset_state(True); GradientState._reset_state()
 
 
+@pytest.fixture
+def on_the_cpu(fresh_accelerate, monkeypatch):
+    """The test's trainers (and the processes it starts) on the CPU where a GPU is visible: for tests that compare with
+    a loop written by hand on the CPU, bitwise, or that assert the CPU's semantics (each loss checked at its batch).
+    tests/test_gpu.py holds the GPU's own checks."""
+    monkeypatch.setenv('ACCELERATE_USE_CPU', '1')   # (read by Accelerate when the trainer makes its accelerator)
+
+
 def regression_ds(n=48, d=5, seed=0) -> TensorDataset:
     "`n` samples of a noisy linear target, deterministic."
     w = torch.randn(d, 1, generator=torch.Generator().manual_seed(1234))   # the same target for every seed

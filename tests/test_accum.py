@@ -20,6 +20,7 @@ class Record(Hook):
         self.lrs.append(self.trainer.opt.param_groups[0]['lr'])
 
 
+@pytest.mark.usefixtures('on_the_cpu')
 @pytest.mark.parametrize('opt_func', [torch.optim.SGD, torch.optim.AdamW], ids=['SGD', 'AdamW'])
 def test_accumulation_equals_one_big_batch(make_trainer, opt_func):
     "k micro-batches of b end with the same weights as one batch of k*b, at the same LR."
@@ -101,6 +102,7 @@ def _hand_loop(clip_each_micro_batch=False, k=2, b=4, epochs=2, lr=0.1, max_norm
     return model, norms
 
 
+@pytest.mark.usefixtures('on_the_cpu')
 def test_clip_once_per_optimizer_step(make_trainer):
     "max_grad_norm clips the accumulated gradient once per optimizer step, like a hand-written loop."
     ref, norms = _hand_loop()
@@ -167,6 +169,7 @@ def test_fit_after_interrupt_mid_group_counts_steps(make_trainer):
     assert rec.stepped == [False, True, False, True]
 
 
+@pytest.mark.usefixtures('on_the_cpu')
 @pytest.mark.parametrize('bad_batch', [2, 3], ids=['first-of-group', 'last-of-group'])
 def test_nan_skipped_micro_batch_never_leaks_into_the_next_group(make_trainer, bad_batch):
     """grad_accum=2 over 6 batches, one NaN batch skipped. Skipping a group's first micro-batch leaves the other's

@@ -183,6 +183,7 @@ def run(cfg, timeout=300):
                           cwd=REPO)
 
 
+@pytest.mark.usefixtures('on_the_cpu')
 @pytest.mark.parametrize('accum,kill_at', [(1, 17), (2, 11)])
 def test_sigkill_then_resume_from_the_adapters_alone_is_bitwise_exact(tmp_path, accum, kill_at):
     "Dropout in the base and in LoRA, shuffled data, fit_one_cycle, ragged labels: the same weights and losses."

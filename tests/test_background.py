@@ -183,6 +183,7 @@ def run(cfg):
     return p
 
 
+@pytest.mark.usefixtures('on_the_cpu')
 def test_an_lr_change_survives_sigkill_bitwise(tmp_path):
     "Changed at iteration 15 (mid-epoch 2), killed at 20: the resume holds the change, and ends bitwise as without kill."
     base = {'change_at': 15, 'to': 3e-3, 'background': True}

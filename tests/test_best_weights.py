@@ -49,6 +49,7 @@ def assert_weights(model, saved):
 def epoch_checkpoint(run, epoch): return run / f'step-{(epoch + 1) * PER_EPOCH:08d}'
 
 
+@pytest.mark.usefixtures('on_the_cpu')
 def test_early_stopping_restores_the_best_epoch(tmp_path):
     t = make([EarlyStopping('score', patience=2, restore_best=True), Checkpoint(tmp_path, keep_last=None, monitor=None)])
     t.fit(8)
@@ -58,12 +59,14 @@ def test_early_stopping_restores_the_best_epoch(tmp_path):
                            weights_of(epoch_checkpoint(tmp_path, 5))['0.weight'])
 
 
+@pytest.mark.usefixtures('on_the_cpu')
 def test_early_stopping_without_restore_keeps_the_last(tmp_path):
     t = make([EarlyStopping('score', patience=2), Checkpoint(tmp_path, keep_last=None, monitor=None)])
     t.fit(8)
     assert_weights(t.model, weights_of(epoch_checkpoint(tmp_path, 5)))
 
 
+@pytest.mark.usefixtures('on_the_cpu')
 def test_restore_best_at_the_end_of_a_fit_that_was_not_stopped(tmp_path):
     t = make([EarlyStopping('score', patience=10, restore_best=True), Checkpoint(tmp_path, keep_last=None)])
     t.fit(5)
@@ -78,6 +81,7 @@ def test_an_error_keeps_the_last_weights(tmp_path):
     assert_weights(t.model, last)
 
 
+@pytest.mark.usefixtures('on_the_cpu')
 @pytest.mark.parametrize('crash_at', [4, 5])
 def test_restore_best_after_a_resume(tmp_path, crash_at):
     "The best epoch (3) came before the crash: after the resume the weights come from its checkpoint."
@@ -93,6 +97,7 @@ def test_restore_best_after_a_resume(tmp_path, crash_at):
     assert_weights(t2.model, weights_of(best))
 
 
+@pytest.mark.usefixtures('on_the_cpu')
 def test_restore_best_after_a_resume_without_the_checkpoint_warns(tmp_path):
     run = tmp_path / 'run'
     hooks = lambda: [EarlyStopping('score', patience=3, restore_best=True), Checkpoint(run, keep_last=1, monitor=None)]
@@ -103,6 +108,7 @@ def test_restore_best_after_a_resume_without_the_checkpoint_warns(tmp_path):
     assert_weights(t2.model, weights_of(epoch_checkpoint(run, 6)))   # its last weights
 
 
+@pytest.mark.usefixtures('on_the_cpu')
 def test_checkpoint_load_best_at_end_after_a_resume(tmp_path):
     t = make([Checkpoint(tmp_path, keep_last=1, monitor='score', load_best_at_end=True), Crash(5)])
     with pytest.raises(RuntimeError): t.fit(6)

@@ -69,6 +69,7 @@ def ckpt_iteration(path) -> int:
 @pytest.mark.parametrize('accum,sched,every,seed', [(1, 'none', 1, 0), (3, 'none', 2, 3), (2, 'onecycle', 3, 7),
                                                     (1, 'fit_one_cycle', 2, 11)],
                          ids=['plain', 'grad_accum', 'one_cycle', 'fit_one_cycle_resume'])
+@pytest.mark.usefixtures('on_the_cpu')
 def test_sigkill_then_resume_is_bitwise_exact(tmp_path, tmp_path_factory, accum, sched, every, seed):
     from trainer_nb.checkpoint import list_checkpoints
     cfg = {'epochs': 3, 'accum': accum, 'sched': sched}
@@ -97,6 +98,7 @@ def saving(d, p):
         time.sleep(0.0005)
 
 
+@pytest.mark.usefixtures('on_the_cpu')
 def test_kill_repeatedly_while_saving(tmp_path, tmp_path_factory):
     "A model large enough that saving takes most of the time, a save every step, SIGKILL at random moments."
     from trainer_nb.checkpoint import list_checkpoints
@@ -129,6 +131,7 @@ def test_kill_repeatedly_while_saving(tmp_path, tmp_path_factory):
     assert not any(x.name.startswith(('.tmp-', '.trash-')) for x in d.iterdir())
 
 
+@pytest.mark.usefixtures('on_the_cpu')
 @pytest.mark.parametrize('sig', ['SIGTERM', 'SIGINT'])
 def test_signal_saves_at_step_boundary_and_stops(tmp_path, tmp_path_factory, sig):
     from trainer_nb.checkpoint import list_checkpoints
@@ -323,6 +326,7 @@ def test_no_complete_checkpoint_names_the_directory_and_what_each_lacks(tmp_path
         make(tmp_path, [Checkpoint(run)]).fit(1, resume='best')
 
 
+@pytest.mark.usefixtures('on_the_cpu')
 def test_other_shape_lists_keys(tmp_path):
     from trainer_nb.checkpoint import Checkpoint, list_checkpoints, load_weights
     t = make(tmp_path, [Checkpoint(tmp_path)])

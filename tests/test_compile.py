@@ -27,6 +27,7 @@ def test_log_scalar_inside_a_compiled_forward_breaks_no_graph():
     assert len(t.logged['out_mean'].values) == 6 + 1   # each step, and the explained call
 
 
+@pytest.mark.usefixtures('on_the_cpu')
 def test_compiled_trainer_checkpoint_resume_and_weights(tmp_path, capsys):
     from trainer_nb.checkpoint import Checkpoint, list_checkpoints, load_weights
     from trainer_nb.core import Trainer

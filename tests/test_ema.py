@@ -31,6 +31,7 @@ def by_hand(epochs, decay, every, warmup, lr=0.05):
     return model, avg, n
 
 
+@pytest.mark.usefixtures('on_the_cpu')
 @pytest.mark.parametrize('every,warmup,device', [(1, True, None), (3, False, 'cpu')])
 def test_average_matches_a_hand_written_loop(every, warmup, device):
     from trainer_nb.core import Trainer

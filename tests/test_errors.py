@@ -103,6 +103,7 @@ def _nan_ds(n=24, bad=13):
     return TensorDataset(x, y)
 
 
+@pytest.mark.usefixtures('on_the_cpu')
 def test_nan_loss_raises_naming_iteration():
     calls = Calls()
     t = Trainer(small_model(), DataLoader(_nan_ds(), batch_size=4), loss_func=F.mse_loss, hooks=[calls],
@@ -118,6 +119,7 @@ def test_nan_loss_raises_naming_iteration():
     assert calls.log == ['before_fit', 'after_fit'] and not t.fitting
 
 
+@pytest.mark.usefixtures('on_the_cpu')
 def test_nan_loss_found_before_its_backward_pass():
     "On the CPU the NaN of batch 1 stops training before its backward pass: the batch isn't counted, nor stepped."
     t = Trainer(small_model(), DataLoader(_nan_ds(bad=5), batch_size=4), loss_func=F.mse_loss,
@@ -127,6 +129,7 @@ def test_nan_loss_found_before_its_backward_pass():
     assert (t.state.iteration, t.state.step) == (1, 1)
 
 
+@pytest.mark.usefixtures('on_the_cpu')
 def test_nan_loss_iteration_counts_across_fits():
     t = Trainer(small_model(), DataLoader(regression_ds(24), batch_size=4), loss_func=F.mse_loss, default_hooks=False)
     t.fit(1)
@@ -135,6 +138,7 @@ def test_nan_loss_iteration_counts_across_fits():
         t.fit(1)
 
 
+@pytest.mark.usefixtures('on_the_cpu')
 def test_nan_loss_names_its_batch_after_a_shortened_epoch():
     "Epoch 0 ends after 2 batches (CancelEpoch): the NaN of epoch 1's batch 3 is iteration 5, not epoch 0's batch 5."
     from trainer_nb.core import CancelEpoch

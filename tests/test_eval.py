@@ -34,6 +34,7 @@ def dict_ds(n, seed=0, labels=True):
     return [({'x': a, 'labels': b} if labels else {'x': a}) for a, b in zip(x, y)]
 
 
+@pytest.mark.usefixtures('on_the_cpu')
 def test_dict_batches_with_model_loss():
     train, valid = dict_ds(48), dict_ds(101, seed=1)
     with warnings.catch_warnings():   # a normal setup (the Hugging Face way): no warning
@@ -59,6 +60,7 @@ def test_dict_batches_with_model_loss():
     torch.testing.assert_close(preds, logits)
 
 
+@pytest.mark.usefixtures('on_the_cpu')
 def test_custom_train_and_eval_steps():
     "train_step/eval_step replace the defaults; they get the trainer; preds/targets from eval_step reach the metrics."
     x = torch.randn(60, 4, generator=torch.Generator().manual_seed(0))
@@ -93,6 +95,7 @@ def test_custom_train_and_eval_steps():
     assert preds.dtype == torch.long and torch.equal(targets, y) and torch.equal(preds, logits.argmax(1))
 
 
+@pytest.mark.usefixtures('on_the_cpu')
 def test_train_step_used_for_evaluation_without_eval_step():
     x, y = regression_ds(20).tensors
     t = Trainer(small_model(), DataLoader(TensorDataset(x, y), batch_size=8), default_hooks=False,
@@ -102,6 +105,7 @@ def test_train_step_used_for_evaluation_without_eval_step():
         assert res['valid_loss'] == pytest.approx(F.mse_loss(t.model(x), y).item(), rel=1e-5)
 
 
+@pytest.mark.usefixtures('on_the_cpu')
 def test_predict_unlabelled_exact_rows(make_trainer):
     t = make_trainer(n=16, bs=8)
     t.fit(1)
@@ -114,6 +118,7 @@ def test_predict_unlabelled_exact_rows(make_trainer):
         assert t.eval_samples == 101
 
 
+@pytest.mark.usefixtures('on_the_cpu')
 def test_predict_and_evaluate_labelled_exact_rows(make_trainer):
     t = make_trainer(n=16, bs=8, metrics=[lambda p, y: len(p)])
     x, y = regression_ds(101, seed=3).tensors

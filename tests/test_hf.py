@@ -20,6 +20,7 @@ sys.path.insert(0, str(REPO / 'tests'))
 SCRIPT = str(REPO / 'tests' / 'metrics_script.py')
 
 
+@pytest.mark.usefixtures('on_the_cpu')
 @pytest.mark.parametrize('processes', [1, 2])
 def test_causal_lm_predict_and_token_accuracy_equal_by_hand(tmp_path, processes):
     for r in run_script(tmp_path, 'lm', processes):
@@ -32,6 +33,7 @@ def test_causal_lm_predict_and_token_accuracy_equal_by_hand(tmp_path, processes)
         assert res['streaming_token_accuracy'] == pytest.approx(r['hand_accuracy'], rel=1e-12, abs=0)
 
 
+@pytest.mark.usefixtures('on_the_cpu')
 @pytest.mark.skipif(not os.path.exists('/proc/self/clear_refs'), reason="needs Linux's /proc/self/clear_refs")
 def test_preprocess_preds_keeps_ids_not_logits(tmp_path):
     """256 sequences x 64 tokens x 8,000 words: the peak grows by less than a quarter of what the logits would take

@@ -61,6 +61,7 @@ class Keep(Hook):
                          (t.state.epoch, t.state.batch, t.state.iteration, t.state.step))
 
 
+@pytest.mark.usefixtures('on_the_cpu')
 def test_forward_names_the_module_and_leaves_the_batch_as_it_found_it():
     keep = Keep(at=3)
     t = Trainer(log_net(), DataLoader(zero_row_ds(13), batch_size=4), loss_func=F.mse_loss, hooks=[keep],
@@ -78,6 +79,7 @@ def test_forward_names_the_module_and_leaves_the_batch_as_it_found_it():
     assert (t.state.epoch, t.state.batch, t.state.iteration, t.state.step) == counters
 
 
+@pytest.mark.usefixtures('on_the_cpu')
 def test_non_finite_weights_name_their_modules_and_the_policy_that_locates_them():
     "By default gradients are not checked: the next loss finds the weights the step made non-finite, and says so."
     t = Trainer(sqrt_net(), DataLoader(regression_ds(24), batch_size=4), loss_func=F.mse_loss, default_hooks=False)
@@ -88,6 +90,7 @@ def test_non_finite_weights_name_their_modules_and_the_policy_that_locates_them(
     assert "nan_policy='raise_grads'" in str(info.value)
 
 
+@pytest.mark.usefixtures('on_the_cpu')
 def test_backward_names_the_module_whose_gradient_went_non_finite():
     t = Trainer(sqrt_net(), DataLoader(regression_ds(24), batch_size=4), loss_func=F.mse_loss, default_hooks=False,
                 nan_policy='raise_grads')

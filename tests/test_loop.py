@@ -114,6 +114,7 @@ def test_cancel_step_skips_optimizer_step(make_trainer, event):
     assert all(p.grad is None for p in t.model.parameters())
 
 
+@pytest.mark.usefixtures('on_the_cpu')
 def test_cancel_step_discards_its_gradients(make_trainer):
     "The next batch after a cancelled backward steps with its own gradient only."
     import torch.nn.functional as F
@@ -210,6 +211,7 @@ def test_cancel_in_cleanup_events_is_an_error(make_trainer, event, exc):
     assert not t.fitting
 
 
+@pytest.mark.usefixtures('on_the_cpu')
 @pytest.mark.parametrize('k,event', [(1, 'after_backward'), (2, 'before_batch'), (2, 'after_backward')])
 def test_cancel_epoch_drops_unfinished_gradients(make_trainer, k, event):
     "CancelEpoch in batch 1 of epoch 0: its gradients (and its unfinished group's) never reach a later step."
@@ -251,6 +253,7 @@ def test_cleanup_event_runs_every_hook_then_raises_the_first_error(make_trainer,
 
 # ---- interrupts ----
 
+@pytest.mark.usefixtures('on_the_cpu')
 def test_keyboard_interrupt_in_hook(make_trainer):
     rec = Recorder(order=1)
     t = make_trainer(n=40, bs=4, valid=8, hooks=[RaiseAt('after_batch', KeyboardInterrupt, when=lambda s: s.iteration == 3), rec])
@@ -270,6 +273,7 @@ def test_keyboard_interrupt_in_hook(make_trainer):
     assert 'valid_loss' in t.epoch_results
 
 
+@pytest.mark.usefixtures('on_the_cpu')
 def test_sigint_during_fit(tmp_path):
     """A real Ctrl-C (SIGINT) in a training process: the fit stops after the batch (`FitStopped`, a KeyboardInterrupt),
     cleanup runs, and fit runs again."""

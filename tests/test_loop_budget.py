@@ -128,6 +128,7 @@ def per_batch(hooks=()) -> dict:
     finally: torch.set_num_threads(threads)
 
 
+@pytest.mark.usefixtures('on_the_cpu')
 @pytest.mark.parametrize('path', ['short', 'general'])
 def test_the_loop_stays_within_its_budget(path):
     counts = per_batch([] if path == 'short' else [Inner()])

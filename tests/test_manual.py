@@ -19,6 +19,7 @@ pytestmark = pytest.mark.usefixtures('fresh_accelerate')
 SCRIPT = str(REPO / 'tests' / 'manual_script.py')
 
 
+@pytest.mark.usefixtures('on_the_cpu')
 def test_gan_two_optimizers_equals_a_hand_written_loop():
     from trainer_nb.core import Trainer
     torch.manual_seed(5)
@@ -33,6 +34,7 @@ def test_gan_two_optimizers_equals_a_hand_written_loop():
     assert len(t.losses.values) == 16 and torch.isfinite(t.losses.values).all()
 
 
+@pytest.mark.usefixtures('on_the_cpu')
 def test_sam_two_backward_passes_equals_a_hand_written_loop():
     from trainer_nb.core import Trainer
     dl = DataLoader(regression_ds(), batch_size=8)
@@ -46,6 +48,7 @@ def test_sam_two_backward_passes_equals_a_hand_written_loop():
     assert not torch.equal(flat(plain.model), flat(ref))   # SAM's step is not the plain one
 
 
+@pytest.mark.usefixtures('on_the_cpu')
 def test_manual_step_under_accumulation_and_clipping_matches_the_automatic_step():
     "trainer.backward/trainer.step keep Accelerate's division by grad_accum, step once per group, clip once per step."
     from trainer_nb.core import Trainer
@@ -117,6 +120,7 @@ def run(cfg, timeout=120):
                           cwd=REPO)
 
 
+@pytest.mark.usefixtures('on_the_cpu')
 def test_gan_sigkill_then_resume_is_bitwise_exact(tmp_path):
     "Both optimizers' states, both schedulers and the weights after a kill and a resume equal an uninterrupted run's."
     from trainer_nb.checkpoint import list_checkpoints

@@ -45,6 +45,7 @@ def test_limit_batches_keeps_the_order_and_the_schedule_counts_them():
     assert t.state.step == 14   # a plain fit has every batch again
 
 
+@pytest.mark.usefixtures('on_the_cpu')
 def test_overfit_batches_the_same_batches_in_order_validated_on():
     b = Batches()
     t = make([b])
