@@ -19,7 +19,7 @@ KILL_AT = 9   # epoch 1, batch 3 (6 iterations per epoch); the last checkpoint b
 
 
 def launch(cfg, cwd):
-    env = dict(os.environ, ACCELERATE_USE_CPU='1', OMP_NUM_THREADS='1', PYTHONUNBUFFERED='1')
+    env = dict(os.environ, ACCELERATE_USE_CPU='1', CUDA_VISIBLE_DEVICES='', OMP_NUM_THREADS='1', PYTHONUNBUFFERED='1')
     cmd = [str(VENV_BIN / 'accelerate'), 'launch', '--multi_gpu', '--num_processes', '2', '--num_machines', '1',
            '--mixed_precision', 'no', '--dynamo_backend', 'no', '--main_process_port', str(free_port()),
            str(SCRIPT), json.dumps(cfg)]

@@ -42,7 +42,7 @@ def _workdir(tmp_path_factory, name):
 
 def _env():
     # the CPU for every process (gloo); one thread each: two processes share this machine's cores
-    return dict(os.environ, ACCELERATE_USE_CPU='1', OMP_NUM_THREADS='1', PYTHONUNBUFFERED='1')
+    return dict(os.environ, ACCELERATE_USE_CPU='1', CUDA_VISIBLE_DEVICES='', OMP_NUM_THREADS='1', PYTHONUNBUFFERED='1')
 
 
 def _launch(extra: list, cwd, machine_rank=None):

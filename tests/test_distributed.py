@@ -30,7 +30,7 @@ def _script_module():
 @pytest.fixture(scope='module')
 def run(tmp_path_factory):
     out = tmp_path_factory.mktemp('dist')
-    env = dict(os.environ, ACCELERATE_USE_CPU='1', OMP_NUM_THREADS='1', PYTHONUNBUFFERED='1')
+    env = dict(os.environ, ACCELERATE_USE_CPU='1', CUDA_VISIBLE_DEVICES='', OMP_NUM_THREADS='1', PYTHONUNBUFFERED='1')
     cmd = [str(VENV_BIN / 'accelerate'), 'launch', '--multi_gpu', '--num_processes', '2', '--num_machines', '1',
            '--mixed_precision', 'no', '--dynamo_backend', 'no', '--main_process_port', str(free_port()),
            str(SCRIPT), str(out), str(BATCH)]

@@ -22,7 +22,7 @@ def run_script(tmp_path, mode, processes):
     "Each process's JSON from `metrics_script.py MODE` run on `processes` processes (gloo on the CPU for 2)."
     out = tmp_path / f'{mode}_{processes}'
     out.mkdir()
-    env = dict(os.environ, ACCELERATE_USE_CPU='1', OMP_NUM_THREADS='1', PYTHONUNBUFFERED='1')
+    env = dict(os.environ, ACCELERATE_USE_CPU='1', CUDA_VISIBLE_DEVICES='', OMP_NUM_THREADS='1', PYTHONUNBUFFERED='1')
     cmd = [sys.executable, SCRIPT, mode, str(out)] if processes == 1 else [
         str(VENV_BIN / 'accelerate'), 'launch', '--multi_gpu', '--num_processes', '2', '--num_machines', '1',
         '--mixed_precision', 'no', '--dynamo_backend', 'no', '--main_process_port', str(free_port()),

@@ -167,7 +167,7 @@ def test_only_the_main_process_shows_anything(tmp_path):
     "Progress and LivePlot are MainProcessHooks: in a real two-process run (gloo, CPU) the other process stays silent."
     script = tmp_path / 'two.py'
     script.write_text(DIST_SCRIPT.format(repo=str(REPO)))
-    env = dict(os.environ, ACCELERATE_USE_CPU='1', OMP_NUM_THREADS='1', PYTHONUNBUFFERED='1')
+    env = dict(os.environ, ACCELERATE_USE_CPU='1', CUDA_VISIBLE_DEVICES='', OMP_NUM_THREADS='1', PYTHONUNBUFFERED='1')
     cmd = [str(VENV_BIN / 'accelerate'), 'launch', '--multi_gpu', '--num_processes', '2', '--num_machines', '1',
            '--mixed_precision', 'no', '--dynamo_backend', 'no', '--main_process_port', str(free_port()), str(script)]
     r = subprocess.run(cmd, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=180)

@@ -43,7 +43,7 @@ def test_two_processes_train_as_the_big_batch(tmp_path):
     import os
     import subprocess
     from conftest import VENV_BIN, free_port
-    env = dict(os.environ, ACCELERATE_USE_CPU='1', OMP_NUM_THREADS='1', PYTHONUNBUFFERED='1')
+    env = dict(os.environ, ACCELERATE_USE_CPU='1', CUDA_VISIBLE_DEVICES='', OMP_NUM_THREADS='1', PYTHONUNBUFFERED='1')
     cmd = [str(VENV_BIN / 'accelerate'), 'launch', '--multi_gpu', '--num_processes', '2', '--num_machines', '1',
            '--mixed_precision', 'no', '--dynamo_backend', 'no', '--main_process_port', str(free_port()),
            __file__, str(tmp_path / 'weights.pt')]
