@@ -1,4 +1,8 @@
-"Shared fixtures: small data sets and models, and a fresh Accelerate state for every test."
+"""Shared fixtures: small data sets and models, and a fresh Accelerate state for every test.
+
+With `TRAINER_NB_FAILURES=path` in the environment, each failed test's report is appended to `path` as it happens, so
+that a run stopped at a time limit (where pytest's summary never prints) still tells why each test failed."""
+import os
 import socket
 import sys
 from pathlib import Path
@@ -12,8 +16,19 @@ REPO = Path(__file__).resolve().parents[1]
 VENV_BIN = Path(sys.executable).parent
 
 
+FAILURES = os.environ.get('TRAINER_NB_FAILURES')
+_WORKER = False
+
+
 def pytest_configure(config):
+    global _WORKER
     config.addinivalue_line('markers', 'slow: takes more than a minute')
+    _WORKER = hasattr(config, 'workerinput')   # (under pytest-xdist the controller writes what its workers report)
+
+
+def pytest_runtest_logreport(report):
+    if FAILURES and report.failed and not _WORKER:
+        with open(FAILURES, 'a') as f: f.write(f"==== {report.nodeid} ({report.when})\n{report.longreprtext}\n\n")
 
 
 @pytest.fixture
