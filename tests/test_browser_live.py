@@ -276,3 +276,52 @@ def test_layer_stats_heat_maps_in_the_live_view(tmp_path):
         assert heat[w]['time'].startswith('time: data wait ') and ' · step ' in heat[w]['time'], heat[w]
         assert heat[w]['time_right'] <= heat[w]['dash_right'] + 0.5, heat[w]
     assert natural[0] == 1720 and natural[1] > 580, natural   # the curves' 290 px and the heat maps under them
+
+
+NAMED = """\
+tr = Trainer(nn.Sequential(nn.Linear(8, 64), nn.ReLU(), nn.Linear(64, 1)),
+             DataLoader(TensorDataset(x[:3200], y[:3200]), batch_size=16, shuffle=True),
+             {'near': vdl, 'far': DataLoader(TensorDataset(3 * x[3200:], 3 * y[3200:]), batch_size=200)},
+             loss_func=F.mse_loss, hooks=[Pace()], cpu=True)
+tr.fit_one_cycle(3, 1e-2)"""
+
+# the live widget's pixels of the validation curves' colour (COLORS[1], #ff7f0e), in CSS pixels
+JS_ORANGE = """() => {
+  const r = [...document.querySelectorAll('.trainer-nb-liveplot')].at(-1), c = r && r.querySelector('canvas');
+  if (!r || !(+r.dataset.step >= 420)) return null;   // (no frame yet: no data-step)
+  const px = c.getContext('2d').getImageData(0, 0, c.width, c.height).data;
+  const k = c.width / c.getBoundingClientRect().width;
+  let n = 0;
+  for (let i = 0; i < px.length; i += 4) if (px[i] > 235 && Math.abs(px[i + 1] - 127) < 25 && px[i + 2] < 60) n++;
+  return {orange: n / (k * k), step: +r.dataset.step, layout: r.dataset.layout,
+          doc: document.documentElement.scrollWidth};
+}"""
+
+
+@needs_browser
+def test_named_validation_loaders_each_draw_a_curve(tmp_path):
+    """With validation loaders under names, the live view draws a validation curve for each (`valid near`, `valid
+    far`, the second dotted) where it drew none before: the validation colour on the canvas after two validations, at
+    1400 and 420 px; the picture left behind holds them too."""
+    root, shots, seen = tmp_path / 'root', {}, {}
+    with lab_server(tmp_path) as server:
+        write_notebook(root / 'run.ipynb', [SETUP, NAMED, DONE])
+        with notebook_page(server, 'run.ipynb', viewport=(1400, 1000)) as page:
+            page.evaluate("() => window.jupyterapp.shell.collapseLeft()")
+            run_all_cells(page)
+            seen[1400] = page.wait_for_function(f"({JS_ORANGE})()", timeout=180_000).json_value()
+            shots[1400] = tmp_path / 'named_valid_1400.png'
+            page.locator('.trainer-nb-liveplot').last.screenshot(path=str(shots[1400]))
+            at_width(page, 420)
+            seen[420] = page.evaluate(JS_ORANGE)
+            shots[420] = tmp_path / 'named_valid_420.png'
+            page.locator('.trainer-nb-liveplot').last.screenshot(path=str(shots[420]))
+            at_width(page, 1400)
+            wait_for_text(page, 'ALL DONE', timeout=300)
+            page.wait_for_function(f"({JS_PICTURE}) !== null", timeout=60_000)
+            outs = output_texts(page)
+    print(f"\nscreenshots {shots}\nseen {seen}")
+    assert 'ALL DONE 600' in outs[-1], outs
+    for w in (1400, 420):
+        assert seen[w] is not None and seen[w]['orange'] > 150, seen   # two curves of dots and lines, not none
+    assert seen[1400]['layout'] == 'row' and seen[420]['layout'] == 'column' and seen[420]['doc'] <= 420, seen

@@ -109,3 +109,25 @@ def test_default_hooks_take_it(capsys):
      ValueError, r"valid_dl\['empty'\] yields no batches")])
 def test_bad_dicts_refused(valid, err, match):
     with pytest.raises(err, match=match): make(valid=valid).fit(1)
+
+
+def test_the_live_plot_draws_a_validation_curve_per_loader(tmp_path):
+    "LivePlot's frame holds each named loader's validation losses, and its picture draws them under their names."
+    from trainer_nb.liveplot import LivePlot, _panels
+    from trainer_nb.recorder import Recorder
+    from trainer_nb.base import Hook
+    class Epochs(Hook):
+        def __init__(self): self.results = []
+        def after_epoch(self): self.results.append(dict(self.trainer.epoch_results))
+    plot, epochs = LivePlot(mode='text', path=tmp_path / 'curves.png', metrics=False), Epochs()
+    t = make([Recorder(), plot, epochs])
+    t.fit(3)
+    frame = plot.frame()
+    s = frame['series']
+    assert frame['valid'] == ['near', 'far'] and len(s['valid_loss']) == 0   # no unnamed loader
+    for n in ('near', 'far'):
+        assert list(s['valid_step:' + n]) == [6, 12, 18]
+        assert list(s['valid:' + n]) == [e[f'valid_{n}_loss'] for e in epochs.results]
+    loss_panel = _panels(frame)[0]
+    assert [st.get('label') for _, _, st in loss_panel[2]] == [None, 'train (smoothed)', 'valid near', 'valid far']
+    assert (tmp_path / 'curves.png').stat().st_size > 10_000

@@ -5,6 +5,7 @@
 # %% ../nbs/04_liveplot.ipynb #2d95479c
 from __future__ import annotations
 import functools, io, math, sys, threading, time, warnings
+from collections.abc import Mapping
 
 # %% auto #0
 __all__ = ['LOG_SPAN', 'pack', 'PlotView', 'draw_curves', 'baseline_series', 'LivePlot']
@@ -248,18 +249,28 @@ function drawHeat(ctx, box, p, px) {   // one heat map in `box`: a row per layer
 
 # %% ../nbs/04_liveplot.ipynb #0ef39940
 _JS_WIDGET = r"""
+const VALID_DASH = [undefined, [2, 2], [6, 2, 2, 2]];   // named validation loaders: one line style each
+
+function validSeries(spec, d) {   // the validation loss: one curve, or one per named loader
+  const named = spec.valid || [];
+  if (!named.length)
+    return [{x: d.valid_step, y: d.valid_loss, color: COLORS[1], width: 1.4, dots: true, label: 'valid'}];
+  return named.map((n, i) => ({x: d['valid_step:' + n], y: d['valid:' + n], color: COLORS[1], width: 1.4, dots: true,
+                               dash: VALID_DASH[i % 3], label: 'valid ' + n}));
+}
+
 function panels(spec, d, lims) {   // what each panel shows, its axis limits kept steady from frame to frame
   const x = d.step, last = x.length ? x[x.length - 1] : spec.x[0];
   const loss = {title: 'loss', log: spec.log, series: [
     {x, y: d.loss, color: COLORS[0], alpha: 0.25, width: 0.8},
     {x, y: d.smooth, color: COLORS[0], width: 1.6, label: 'train (smoothed)'},
-    {x: d.valid_step, y: d.valid_loss, color: COLORS[1], width: 1.4, dots: true, label: 'valid'}]};
+    ...validSeries(spec, d)]};
   const lr = marks({title: 'learning rate', series: [{x, y: d.lr, color: COLORS[2], width: 1.6}]}, d);
   const ps = [loss, lr], metrics = spec.metrics || [];
   if (metrics.length) ps.push({title: metrics.length === 1 ? metrics[0] : 'metrics', legend: metrics.length > 1,
     series: metrics.map((m, i) => ({x: d['step:' + m], y: d[m], color: COLORS[3 + i % 5], width: 1.4, dots: true,
                                     label: m}))});
-  const shown = {loss: [d.smooth, d.valid_loss], 'learning rate': [d.lr]};
+  const shown = {loss: [d.smooth, ...validSeries(spec, d).map(s => s.y)], 'learning rate': [d.lr]};
   if (spec.baseline) {   // a run drawn faint and dashed under the fit's own curves, in their colours
     const faint = (x, y, color, more) => ({x, y, color, alpha: 0.5, width: 1.3, dash: [5, 3], ...more});
     loss.series.unshift(faint(d.base_step, d.base_smooth, COLORS[0], {label: spec.baseline}),
@@ -373,11 +384,14 @@ def _limits(lo: float, hi: float, log: bool) -> tuple[float, float]:
 def _panels(frame: dict) -> list[tuple]:
     "`(title, log, [(x, y, style), ...], shown)` per panel: what the live view draws, as matplotlib styles."
     s, names = frame['series'], frame['metrics']
+    valid = ([(s['valid_step:' + n], s['valid:' + n], dict(color='C1', lw=1.4, marker='o', ms=4, label='valid ' + n,
+                                                          ls=('-', ':', '-.')[i % 3]))
+              for i, n in enumerate(frame.get('valid') or ())]
+             or [(s['valid_step'], s['valid_loss'], dict(color='C1', lw=1.4, marker='o', ms=4, label='valid'))])
     loss = ('loss', frame['log'], [(s['step'], s['loss'], dict(color='C0', alpha=0.25, lw=0.8)),
                                    (s['step'], s['smooth'], dict(color='C0', lw=1.6, label='train (smoothed)')),
-                                   (s['valid_step'], s['valid_loss'], dict(color='C1', lw=1.4, marker='o', ms=4,
-                                                                           label='valid'))],
-            (s['smooth'], s['valid_loss']))
+                                   *valid],
+            (s['smooth'], *(v[1] for v in valid)))
     lr = ('learning rate', False, [(s['step'], s['lr'], dict(color='C2', lw=1.6))], (s['lr'],))
     if len(s.get('change_step', ())):   # each `set(lr=)`: a dot at its step and new rate
         dots = dict(color='C3', ls='none', marker='o', ms=5, label='set(lr=)')
@@ -594,10 +608,14 @@ class LivePlot(MainProcessHook):
         sm = smooth(a['loss'], self._beta(), steps=step)
         s = {'step': step, 'loss': a['loss'], 'smooth': sm, 'lr': a['lr'], 'valid_step': a['valid_step'],
              'valid_loss': a['valid_loss']}
+        vdl = self.trainer.valid_dl   # named validation loaders: a curve each (`valid_<name>_loss`)
+        named = [n for n in vdl if isinstance(n, str)] if isinstance(vdl, Mapping) else []
+        for n in named: s['valid_step:' + n], s['valid:' + n] = self.rec.per_epoch(f'valid_{n}_loss')
         for n in self.metric_names: s['step:' + n], s[n] = self.rec.per_epoch(n)
         sets = [(c['step'], c['new']) for c in self.trainer.changes if c['name'] == 'lr' and c['step'] >= self._x_start]
         s['change_step'], s['change_lr'] = [x for x, _ in sets], [v for _, v in sets]
-        frame = {'series': s, 'metrics': list(self.metric_names), 'log': self._log_axis(sm, a['valid_loss']),
+        frame = {'series': s, 'metrics': list(self.metric_names), 'valid': named,
+                 'log': self._log_axis(sm, a['valid_loss'], *(s['valid:' + n] for n in named)),
                  'x': [self._x_start, self._x_end], 'step': int(self.trainer.state.step)}
         if self._stats is not None and self._stats.names: frame['layers'] = self._layers(s)
         if self._base is not None: frame['baseline'] = self._base[0]
