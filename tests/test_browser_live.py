@@ -96,6 +96,31 @@ def at_width(page, w):
     time.sleep(0.5)   # the widget's own redraw for its new width (a frame of the page)
 
 
+@contextmanager
+def running(tmp_path, cells):
+    "A notebook of `cells` running in JupyterLab, at 1400 px with its left panel closed: the page."
+    with lab_server(tmp_path) as server:
+        write_notebook(tmp_path / 'root' / 'run.ipynb', cells)
+        with notebook_page(server, 'run.ipynb', viewport=(1400, 1000)) as page:
+            page.evaluate("() => window.jupyterapp.shell.collapseLeft()")
+            run_all_cells(page)
+            yield page
+
+
+def widths_then_end(page, prefix, read):
+    """`read()` and a screenshot of the live view at 1400 px, then at 420 px (`{width: ...}` each, the screenshots at
+    `<prefix>_<width>.png`); then, back at 1400 px, the fit's end and its picture: `(seen, shots, output texts)`."""
+    seen, shots = {}, {}
+    for w in (1400, 420):
+        if w != 1400: at_width(page, w)
+        seen[w], shots[w] = read(), prefix.parent / f'{prefix.name}_{w}.png'
+        page.locator('.trainer-nb-liveplot').last.screenshot(path=str(shots[w]))
+    at_width(page, 1400)
+    wait_for_text(page, 'ALL DONE', timeout=300)
+    page.wait_for_function(f"({JS_PICTURE}) !== null", timeout=60_000)
+    return seen, shots, output_texts(page)
+
+
 @needs_browser
 @pytest.mark.parametrize('app', ['lab', 'notebook7'])
 def test_live_plot_keeps_up_on_a_busy_machine(tmp_path, app):
@@ -174,26 +199,11 @@ def test_live_baseline_is_drawn_under_the_fit(tmp_path):
     """`LivePlot(compare='last')` in JupyterLab: the widget is sent the last fit's curves (its label on the page) and
     draws them from the first frame on, side by side at 1400 px, one panel under another at 420 px, no sideways
     scroll; the picture left behind holds them too."""
-    root, shots = tmp_path / 'root', {}
-    with lab_server(tmp_path) as server:
-        write_notebook(root / 'run.ipynb', [SETUP, BASELINE, DONE])
-        with notebook_page(server, 'run.ipynb', viewport=(1400, 1000)) as page:
-            page.evaluate("() => window.jupyterapp.shell.collapseLeft()")
-            run_all_cells(page)
-            page.wait_for_function("() => [...document.querySelectorAll('.trainer-nb-liveplot')].some(e => "
-                                   "e.dataset.baseline && +e.dataset.step >= 300)", timeout=180_000)
-            live = {1400: page.evaluate(JS_LIVE)}
-            label = page.evaluate("() => [...document.querySelectorAll('.trainer-nb-liveplot')].at(-1).dataset.baseline")
-            shots[1400] = tmp_path / 'baseline_1400.png'
-            page.locator('.trainer-nb-liveplot').last.screenshot(path=str(shots[1400]))
-            at_width(page, 420)
-            live[420] = page.evaluate(JS_LIVE)
-            shots[420] = tmp_path / 'baseline_420.png'
-            page.locator('.trainer-nb-liveplot').last.screenshot(path=str(shots[420]))
-            at_width(page, 1400)
-            wait_for_text(page, 'ALL DONE', timeout=300)
-            page.wait_for_function(f"({JS_PICTURE}) !== null", timeout=60_000)
-            outs = output_texts(page)
+    with running(tmp_path, [SETUP, BASELINE, DONE]) as page:
+        page.wait_for_function("() => [...document.querySelectorAll('.trainer-nb-liveplot')].some(e => "
+                               "e.dataset.baseline && +e.dataset.step >= 300)", timeout=180_000)
+        label = page.evaluate("() => [...document.querySelectorAll('.trainer-nb-liveplot')].at(-1).dataset.baseline")
+        live, shots, outs = widths_then_end(page, tmp_path / 'baseline', lambda: page.evaluate(JS_LIVE))
     print(f"\nscreenshots {shots}")
     assert 'ALL DONE 800' in outs[-1], outs
     assert label.startswith('baseline: fit-'), label
@@ -236,31 +246,27 @@ def test_layer_stats_heat_maps_in_the_live_view(tmp_path):
     near zero); side by side at 1400 px, one under another within the output at 420 px; the picture left behind holds
     them too (it is taller than the curves alone). With a `Timing` hook, the dashboard's status line says where the
     time goes, within the output at both widths."""
-    root, shots = tmp_path / 'root', {}
-    with lab_server(tmp_path) as server:
-        write_notebook(root / 'run.ipynb', [SETUP, LAYERS, DONE])
-        with notebook_page(server, 'run.ipynb', viewport=(1400, 1000)) as page:
-            page.evaluate("() => window.jupyterapp.shell.collapseLeft()")
-            run_all_cells(page)
-            page.wait_for_function(f"(() => {{ const h = ({JS_HEAT})(); return h && h.samples >= 60; }})",
-                                   timeout=180_000)
-            heat = {1400: page.evaluate(JS_HEAT)}
-            shots[1400] = tmp_path / 'layerstats-panel-1400.png'
-            page.locator('.trainer-nb-liveplot').last.screenshot(path=str(shots[1400]))
-            at_width(page, 420)
-            page.set_viewport_size({'width': 420, 'height': 1600})   # a phone's page scrolled: the whole widget in view
-            page.wait_for_function("() => window.innerHeight === 1600")
-            heat[420] = page.evaluate(JS_HEAT)
-            shots[420] = tmp_path / 'layerstats-panel-420.png'
-            page.locator('.trainer-nb-liveplot').last.screenshot(path=str(shots[420]))
-            shots['dashboard_420'] = tmp_path / 'dashboard-timing-420.png'
-            page.locator('.trainer-nb-progress').last.screenshot(path=str(shots['dashboard_420']))
-            at_width(page, 1400)
-            wait_for_text(page, 'ALL DONE', timeout=300)
-            page.wait_for_function(f"({JS_PICTURE}) !== null", timeout=60_000)
-            natural = page.evaluate("() => { const i = document.querySelector('picture.trainer-nb-curves img');"
-                                    " return [i.naturalWidth, i.naturalHeight]; }")
-            outs = output_texts(page)
+    shots = {}
+    with running(tmp_path, [SETUP, LAYERS, DONE]) as page:
+        page.wait_for_function(f"(() => {{ const h = ({JS_HEAT})(); return h && h.samples >= 60; }})",
+                               timeout=180_000)
+        heat = {1400: page.evaluate(JS_HEAT)}
+        shots[1400] = tmp_path / 'layerstats-panel-1400.png'
+        page.locator('.trainer-nb-liveplot').last.screenshot(path=str(shots[1400]))
+        at_width(page, 420)
+        page.set_viewport_size({'width': 420, 'height': 1600})   # a phone's page scrolled: the whole widget in view
+        page.wait_for_function("() => window.innerHeight === 1600")
+        heat[420] = page.evaluate(JS_HEAT)
+        shots[420] = tmp_path / 'layerstats-panel-420.png'
+        page.locator('.trainer-nb-liveplot').last.screenshot(path=str(shots[420]))
+        shots['dashboard_420'] = tmp_path / 'dashboard-timing-420.png'
+        page.locator('.trainer-nb-progress').last.screenshot(path=str(shots['dashboard_420']))
+        at_width(page, 1400)
+        wait_for_text(page, 'ALL DONE', timeout=300)
+        page.wait_for_function(f"({JS_PICTURE}) !== null", timeout=60_000)
+        natural = page.evaluate("() => { const i = document.querySelector('picture.trainer-nb-curves img');"
+                                " return [i.naturalWidth, i.naturalHeight]; }")
+        outs = output_texts(page)
     print(f"\nscreenshots {shots}\nheat {heat}\npicture {natural}")
     assert 'ALL DONE 800' in outs[-1], outs
     assert 'LayerStats, epoch 1: 5 (100% of its output zero)' in outs[1], outs[1]   # the text a terminal shows too
@@ -303,23 +309,9 @@ def test_named_validation_loaders_each_draw_a_curve(tmp_path):
     """With validation loaders under names, the live view draws a validation curve for each (`valid near`, `valid
     far`, the second dotted) where it drew none before: the validation colour on the canvas after two validations, at
     1400 and 420 px; the picture left behind holds them too."""
-    root, shots, seen = tmp_path / 'root', {}, {}
-    with lab_server(tmp_path) as server:
-        write_notebook(root / 'run.ipynb', [SETUP, NAMED, DONE])
-        with notebook_page(server, 'run.ipynb', viewport=(1400, 1000)) as page:
-            page.evaluate("() => window.jupyterapp.shell.collapseLeft()")
-            run_all_cells(page)
-            seen[1400] = page.wait_for_function(f"({JS_ORANGE})()", timeout=180_000).json_value()
-            shots[1400] = tmp_path / 'named_valid_1400.png'
-            page.locator('.trainer-nb-liveplot').last.screenshot(path=str(shots[1400]))
-            at_width(page, 420)
-            seen[420] = page.evaluate(JS_ORANGE)
-            shots[420] = tmp_path / 'named_valid_420.png'
-            page.locator('.trainer-nb-liveplot').last.screenshot(path=str(shots[420]))
-            at_width(page, 1400)
-            wait_for_text(page, 'ALL DONE', timeout=300)
-            page.wait_for_function(f"({JS_PICTURE}) !== null", timeout=60_000)
-            outs = output_texts(page)
+    with running(tmp_path, [SETUP, NAMED, DONE]) as page:
+        page.wait_for_function(f"({JS_ORANGE})()", timeout=180_000)
+        seen, shots, outs = widths_then_end(page, tmp_path / 'named_valid', lambda: page.evaluate(JS_ORANGE))
     print(f"\nscreenshots {shots}\nseen {seen}")
     assert 'ALL DONE 600' in outs[-1], outs
     for w in (1400, 420):
