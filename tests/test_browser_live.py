@@ -285,10 +285,16 @@ def test_layer_stats_heat_maps_in_the_live_view(tmp_path):
 
 
 NAMED = """\
-tr = Trainer(nn.Sequential(nn.Linear(8, 64), nn.ReLU(), nn.Linear(64, 1)),
-             DataLoader(TensorDataset(x[:3200], y[:3200]), batch_size=16, shuffle=True),
-             {'near': vdl, 'far': DataLoader(TensorDataset(3 * x[3200:], 3 * y[3200:]), batch_size=200)},
-             loss_func=F.mse_loss, hooks=[Pace()], cpu=True)
+from trainer_nb.liveplot import LivePlot
+def named(hooks):
+    torch.manual_seed(0)
+    return Trainer(nn.Sequential(nn.Linear(8, 64), nn.ReLU(), nn.Linear(64, 1)),
+                   DataLoader(TensorDataset(x[:3200], y[:3200]), batch_size=16, shuffle=True),
+                   {'near': vdl, 'far': DataLoader(TensorDataset(3 * x[3200:], 3 * y[3200:]), batch_size=200)},
+                   loss_func=F.mse_loss, hooks=hooks, cpu=True)
+named([]).fit_one_cycle(2, 1e-3)   # the baseline
+tr = named([Pace()])
+tr.remove_hooks(LivePlot).add_hooks(LivePlot(compare='last'))
 tr.fit_one_cycle(3, 1e-2)"""
 
 # the live widget's pixels of the validation curves' colour (COLORS[1], #ff7f0e), in CSS pixels
@@ -299,7 +305,7 @@ JS_ORANGE = """() => {
   const k = c.width / c.getBoundingClientRect().width;
   let n = 0;
   for (let i = 0; i < px.length; i += 4) if (px[i] > 235 && Math.abs(px[i + 1] - 127) < 25 && px[i + 2] < 60) n++;
-  return {orange: n / (k * k), step: +r.dataset.step, layout: r.dataset.layout,
+  return {orange: n / (k * k), step: +r.dataset.step, layout: r.dataset.layout, baseline: r.dataset.baseline,
           doc: document.documentElement.scrollWidth};
 }"""
 
@@ -308,7 +314,7 @@ JS_ORANGE = """() => {
 def test_named_validation_loaders_each_draw_a_curve(tmp_path):
     """With validation loaders under names, the live view draws a validation curve for each (`valid near`, `valid
     far`, the second dotted) where it drew none before: the validation colour on the canvas after two validations, at
-    1400 and 420 px; the picture left behind holds them too."""
+    1400 and 420 px; the last fit's, faint, under them (`compare='last'`); the picture left behind holds them too."""
     with running(tmp_path, [SETUP, NAMED, DONE]) as page:
         page.wait_for_function(f"({JS_ORANGE})()", timeout=180_000)
         seen, shots, outs = widths_then_end(page, tmp_path / 'named_valid', lambda: page.evaluate(JS_ORANGE))
@@ -316,4 +322,5 @@ def test_named_validation_loaders_each_draw_a_curve(tmp_path):
     assert 'ALL DONE 600' in outs[-1], outs
     for w in (1400, 420):
         assert seen[w] is not None and seen[w]['orange'] > 150, seen   # two curves of dots and lines, not none
+        assert seen[w]['baseline'].startswith('baseline: fit-'), seen
     assert seen[1400]['layout'] == 'row' and seen[420]['layout'] == 'column' and seen[420]['doc'] <= 420, seen

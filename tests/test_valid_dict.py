@@ -131,3 +131,20 @@ def test_the_live_plot_draws_a_validation_curve_per_loader(tmp_path):
     loss_panel = _panels(frame)[0]
     assert [st.get('label') for _, _, st in loss_panel[2]] == [None, 'train (smoothed)', 'valid near', 'valid far']
     assert (tmp_path / 'curves.png').stat().st_size > 10_000
+
+
+def test_the_baseline_draws_each_named_loader_faint(tmp_path):
+    "`LivePlot(compare='last')` after a fit with named loaders: the last fit's validation curve of each, faint."
+    from trainer_nb.liveplot import LivePlot, _panels
+    from trainer_nb.recorder import Recorder
+    from trainer_nb.runs import RunRecorder
+    first = make([Recorder(), RunRecorder()])
+    first.fit(2)
+    plot = LivePlot(mode='text', path=tmp_path / 'curves.png', metrics=False, compare='last')
+    make([Recorder(), plot]).fit(1)
+    s, epochs = plot.frame()['series'], first.history.to_dict('records')
+    for n in ('near', 'far'):
+        assert list(s['base_valid_step:' + n]) == [6, 12]
+        assert list(s['base_valid:' + n]) == pytest.approx([e[f'valid_{n}_loss'] for e in epochs])
+    faint = [st for _, _, st in _panels(plot.frame())[0][2] if st.get('ls') == '--']
+    assert len(faint) == 3 and faint[0]['label'].startswith('baseline')   # the loss and the two loaders

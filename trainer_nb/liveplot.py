@@ -273,12 +273,15 @@ function panels(spec, d, lims) {   // what each panel shows, its axis limits kep
   const shown = {loss: [d.smooth, ...validSeries(spec, d).map(s => s.y)], 'learning rate': [d.lr]};
   if (spec.baseline) {   // a run drawn faint and dashed under the fit's own curves, in their colours
     const faint = (x, y, color, more) => ({x, y, color, alpha: 0.5, width: 1.3, dash: [5, 3], ...more});
+    const named = spec.valid || [];   // the validation curves: one, or one per named loader
+    const base = named.length ? named.map(n => [d['base_valid_step:' + n], d['base_valid:' + n]])
+      : [[d.base_valid_step, d.base_valid_loss]];
     loss.series.unshift(faint(d.base_step, d.base_smooth, COLORS[0], {label: spec.baseline}),
-                        faint(d.base_valid_step, d.base_valid_loss, COLORS[1], {dots: true}));
+                        ...base.map(([x, y]) => faint(x, y, COLORS[1], {dots: true})));
     lr.series.unshift(faint(d.base_step, d.base_lr, COLORS[2]));
     if (metrics.length) ps[2].series.unshift(...metrics.map((m, i) =>
       faint(d['base_step:' + m], d['base:' + m], COLORS[3 + i % 5], {dots: true})));
-    shown.loss.push(d.base_smooth, d.base_valid_loss);
+    shown.loss.push(d.base_smooth, ...base.map(([, y]) => y));
     shown['learning rate'].push(d.base_lr);
   }
   const end = Math.max(spec.x[1] || 0, last), prev = lims.x;   // x: the fit's steps, from its first to its last
@@ -402,12 +405,14 @@ def _panels(frame: dict) -> list[tuple]:
     if not names: ps = ps[:2]
     if frame.get('baseline'):   # faint and dashed, under the fit's own curves
         faint = lambda color, **kw: dict(color=color, alpha=0.5, lw=1.3, ls='--', **kw)
+        base = ([(s['base_valid_step:' + n], s['base_valid:' + n]) for n in frame.get('valid') or ()]
+                or [(s['base_valid_step'], s['base_valid_loss'])])
         lines = [[(s['base_step'], s['base_smooth'], faint('C0', label=frame['baseline'])),
-                  (s['base_valid_step'], s['base_valid_loss'], faint('C1', marker='o', ms=3))],
+                  *((x, y, faint('C1', marker='o', ms=3)) for x, y in base)],
                  [(s['base_step'], s['base_lr'], faint('C2'))],
                  [(s['base_step:' + n], s['base:' + n], faint(f'C{3 + i % 5}', marker='o', ms=3))
                   for i, n in enumerate(names)]]
-        shown = [(s['base_smooth'], s['base_valid_loss']), (s['base_lr'],), tuple(s['base:' + n] for n in names)]
+        shown = [(s['base_smooth'], *(y for _, y in base)), (s['base_lr'],), tuple(s['base:' + n] for n in names)]
         ps = [(title, log, extra + ls, sh + more) for (title, log, ls, sh), extra, more in zip(ps, lines, shown)]
     return ps
 
@@ -500,10 +505,11 @@ def _in_kernel_cell() -> bool:
     return True
 
 # %% ../nbs/04_liveplot.ipynb #39fc4b34
-def baseline_series(rec: dict, beta: float, metrics=()) -> dict:
+def baseline_series(rec: dict, beta: float, metrics=(), valid=()) -> dict:
     """The curves of a run's record (`trainer_nb.runs`) as `LivePlot` draws a baseline: `base_step`, `base_smooth` (its
-    loss smoothed with `beta`), `base_lr`, `base_valid_step`/`base_valid_loss` and `base_step:<m>`/`base:<m>` per
-    metric (from its epochs and the validations inside them)."""
+    loss smoothed with `beta`), `base_lr`, `base_valid_step`/`base_valid_loss`, `base_valid_step:<n>`/`base_valid:<n>`
+    per named validation loader in `valid`, and `base_step:<m>`/`base:<m>` per metric (from its epochs and the
+    validations inside them)."""
     ser, f = rec.get('series') or {}, lambda xs: np.array([np.nan if v is None else v for v in xs], dtype=float)
     step, loss = f(ser.get('step', [])), f(ser.get('loss', []))
     done = sorted([*rec.get('epochs', []), *rec.get('evals', [])], key=lambda e: e.get('step', 0))
@@ -513,6 +519,7 @@ def baseline_series(rec: dict, beta: float, metrics=()) -> dict:
     out = {'base_step': step, 'base_smooth': smooth(loss, beta, steps=step) if len(loss) else loss,
            'base_lr': f(ser.get('lr', []))}
     out['base_valid_step'], out['base_valid_loss'] = per_eval('valid_loss')
+    for n in valid: out['base_valid_step:' + n], out['base_valid:' + n] = per_eval(f'valid_{n}_loss')
     for n in metrics: out['base_step:' + n], out['base:' + n] = per_eval(n)
     return out
 
@@ -608,8 +615,7 @@ class LivePlot(MainProcessHook):
         sm = smooth(a['loss'], self._beta(), steps=step)
         s = {'step': step, 'loss': a['loss'], 'smooth': sm, 'lr': a['lr'], 'valid_step': a['valid_step'],
              'valid_loss': a['valid_loss']}
-        vdl = self.trainer.valid_dl   # named validation loaders: a curve each (`valid_<name>_loss`)
-        named = [n for n in vdl if isinstance(n, str)] if isinstance(vdl, Mapping) else []
+        named = self._valid_names()
         for n in named: s['valid_step:' + n], s['valid:' + n] = self.rec.per_epoch(f'valid_{n}_loss')
         for n in self.metric_names: s['step:' + n], s[n] = self.rec.per_epoch(n)
         sets = [(c['step'], c['new']) for c in self.trainer.changes if c['name'] == 'lr' and c['step'] >= self._x_start]
@@ -632,7 +638,13 @@ class LivePlot(MainProcessHook):
         "`(label, series)` of the run `compare` names, smoothed as the fit's own curves (None: no `compare`)."
         if self.compare is None: return None
         rec = find_run(self.compare)
-        return f"baseline: {rec.get('name') or '?'}", baseline_series(rec, self._beta(), self.metric_names)
+        return (f"baseline: {rec.get('name') or '?'}",
+                baseline_series(rec, self._beta(), self.metric_names, self._valid_names()))
+
+    def _valid_names(self) -> list[str]:
+        "The names of the trainer's validation loaders, given as a dict: a curve each (`valid_<name>_loss`)."
+        vdl = self.trainer.valid_dl
+        return [n for n in vdl if isinstance(n, str)] if isinstance(vdl, Mapping) else []
 
     def _log_axis(self, *curves) -> bool:
         "A log loss axis? `log_loss`, or when None: from the first time the curves span a factor of `LOG_SPAN` on."
