@@ -247,8 +247,8 @@ function drawHeat(ctx, box, p, px) {   // one heat map in `box`: a row per layer
 }
 """
 
-# %% ../nbs/04_liveplot.ipynb #0ef39940
-_JS_WIDGET = r"""
+# %% ../nbs/04_liveplot.ipynb #7f66feb1
+_JS_VALID = r"""
 const VALID_DASH = [undefined, [2, 2], [6, 2, 2, 2]];   // named validation loaders: one line style each
 
 function validSeries(spec, d) {   // the validation loss: one curve, or one per named loader
@@ -258,7 +258,10 @@ function validSeries(spec, d) {   // the validation loss: one curve, or one per 
   return named.map((n, i) => ({x: d['valid_step:' + n], y: d['valid:' + n], color: COLORS[1], width: 1.4, dots: true,
                                dash: VALID_DASH[i % 3], label: 'valid ' + n}));
 }
+"""
 
+# %% ../nbs/04_liveplot.ipynb #0ef39940
+_JS_WIDGET = r"""
 function panels(spec, d, lims) {   // what each panel shows, its axis limits kept steady from frame to frame
   const x = d.step, last = x.length ? x[x.length - 1] : spec.x[0];
   const loss = {title: 'loss', log: spec.log, series: [
@@ -273,9 +276,8 @@ function panels(spec, d, lims) {   // what each panel shows, its axis limits kep
   const shown = {loss: [d.smooth, ...validSeries(spec, d).map(s => s.y)], 'learning rate': [d.lr]};
   if (spec.baseline) {   // a run drawn faint and dashed under the fit's own curves, in their colours
     const faint = (x, y, color, more) => ({x, y, color, alpha: 0.5, width: 1.3, dash: [5, 3], ...more});
-    const named = spec.valid || [];   // the validation curves: one, or one per named loader
-    const base = named.length ? named.map(n => [d['base_valid_step:' + n], d['base_valid:' + n]])
-      : [[d.base_valid_step, d.base_valid_loss]];
+    const base = (spec.valid || []).length ? spec.valid.map(n => [d['base_valid_step:' + n], d['base_valid:' + n]])
+      : [[d.base_valid_step, d.base_valid_loss]];   // its validation curves: one, or one per named loader
     loss.series.unshift(faint(d.base_step, d.base_smooth, COLORS[0], {label: spec.baseline}),
                         ...base.map(([x, y]) => faint(x, y, COLORS[1], {dots: true})));
     lr.series.unshift(faint(d.base_step, d.base_lr, COLORS[2]));
@@ -337,7 +339,7 @@ function render({model, el}) {
 }
 export default {render};
 """
-_JS = _JS_AXES + _JS_PANEL + _JS_HEAT + _JS_WIDGET
+_JS = _JS_AXES + _JS_PANEL + _JS_HEAT + _JS_VALID + _JS_WIDGET
 
 # %% ../nbs/04_liveplot.ipynb #c734de5d
 @functools.cache
