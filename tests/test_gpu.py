@@ -162,3 +162,12 @@ def test_batches_from_a_list_and_logged_cpu_values(device):
     preds, targets = t.predict(batches)
     assert preds.device.type == 'cpu' and preds.shape == (64, 1) and torch.equal(targets, y)
     torch.testing.assert_close(preds, expected)
+    # a list already on the device: its batches are taken as they are (the same objects: no work per batch)
+    on_device = [tuple(v.to(device) for v in b) for b in batches]
+    seen = []
+    class Seen(Hook):
+        def after_batch(self): seen.append(self.trainer.batch)
+    t.train_dl = on_device
+    t.add_hooks(Seen())
+    t.fit(1)
+    assert len(seen) == 4 and all(s is b for s, b in zip(seen, on_device))   # (a moved batch: a new tuple)

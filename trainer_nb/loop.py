@@ -15,8 +15,8 @@ import torch
 from torch.utils.data import DataLoader, IterableDataset
 from accelerate import Accelerator, skip_first_batches
 from accelerate.state import AcceleratorState
-from accelerate.utils import (DistributedType, concatenate, honor_type, pad_across_processes, recursively_apply,
-                               send_to_device)
+from accelerate.utils import (DistributedType, concatenate, find_device, honor_type, pad_across_processes,
+                               recursively_apply, send_to_device)
 from accelerate.utils.memory import clear_device_cache
 
 # %% ../nbs/00_base_loop.ipynb #36d0931d
@@ -957,9 +957,11 @@ _END = object()
 
 def _on_device(t, dl, it):
     """Iterator `it` over `dl`'s batches, each sent to the trainer's device where nothing else moves it: a list or a
-    generator of CPU tensors on a GPU (Accelerate prepares, and moves the batches of, `DataLoader`s only)."""
+    generator of CPU tensors on a GPU (Accelerate prepares, and moves the batches of, `DataLoader`s only). A list
+    whose first batch is on the device already is taken as it is (no work per batch)."""
     dev = t.accelerator.device
     if dev.type == 'cpu' or isinstance(dl, DataLoader): return it
+    if isinstance(dl, (list, tuple)) and dl and find_device(dl[0]) == dev: return it
     return map(functools.partial(send_to_device, device=dev, non_blocking=True), it)
 
 def _epoch_batches(t, dl, start):
