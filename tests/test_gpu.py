@@ -132,7 +132,6 @@ def test_timing_reads_cuda_events_without_a_sync_per_batch():
     assert r['train_step'] <= r['wall'] and r['other'] >= 0
 
 
-
 @pytest.mark.parametrize('device', ['cpu', pytest.param('cuda', marks=needs_cuda)])
 def test_batches_from_a_list_and_logged_cpu_values(device):
     """Accelerate moves the batches of the `DataLoader`s it prepares; a list of CPU batches is moved by the trainer, for

@@ -251,12 +251,15 @@ function drawHeat(ctx, box, p, px) {   // one heat map in `box`: a row per layer
 _JS_VALID = r"""
 const VALID_DASH = [undefined, [2, 2], [6, 2, 2, 2]];   // named validation loaders: one line style each
 
-function validSeries(spec, d) {   // the validation loss: one curve, or one per named loader
+function validCurves(spec, d, prefix = '') {   // `[x, y, label]` of each; prefix 'base_': the baseline's
   const named = spec.valid || [];
-  if (!named.length)
-    return [{x: d.valid_step, y: d.valid_loss, color: COLORS[1], width: 1.4, dots: true, label: 'valid'}];
-  return named.map((n, i) => ({x: d['valid_step:' + n], y: d['valid:' + n], color: COLORS[1], width: 1.4, dots: true,
-                               dash: VALID_DASH[i % 3], label: 'valid ' + n}));
+  if (!named.length) return [[d[prefix + 'valid_step'], d[prefix + 'valid_loss'], 'valid']];
+  return named.map(n => [d[prefix + 'valid_step:' + n], d[prefix + 'valid:' + n], 'valid ' + n]);
+}
+
+function validSeries(spec, d) {   // the fit's own, drawn: in the validation colour, a line style each
+  return validCurves(spec, d).map(([x, y, label], i) =>
+    ({x, y, color: COLORS[1], width: 1.4, dots: true, dash: VALID_DASH[i % 3], label}));
 }
 """
 
@@ -264,20 +267,20 @@ function validSeries(spec, d) {   // the validation loss: one curve, or one per 
 _JS_WIDGET = r"""
 function panels(spec, d, lims) {   // what each panel shows, its axis limits kept steady from frame to frame
   const x = d.step, last = x.length ? x[x.length - 1] : spec.x[0];
+  const valid = validSeries(spec, d);
   const loss = {title: 'loss', log: spec.log, series: [
     {x, y: d.loss, color: COLORS[0], alpha: 0.25, width: 0.8},
     {x, y: d.smooth, color: COLORS[0], width: 1.6, label: 'train (smoothed)'},
-    ...validSeries(spec, d)]};
+    ...valid]};
   const lr = marks({title: 'learning rate', series: [{x, y: d.lr, color: COLORS[2], width: 1.6}]}, d);
   const ps = [loss, lr], metrics = spec.metrics || [];
   if (metrics.length) ps.push({title: metrics.length === 1 ? metrics[0] : 'metrics', legend: metrics.length > 1,
     series: metrics.map((m, i) => ({x: d['step:' + m], y: d[m], color: COLORS[3 + i % 5], width: 1.4, dots: true,
                                     label: m}))});
-  const shown = {loss: [d.smooth, ...validSeries(spec, d).map(s => s.y)], 'learning rate': [d.lr]};
+  const shown = {loss: [d.smooth, ...valid.map(s => s.y)], 'learning rate': [d.lr]};
   if (spec.baseline) {   // a run drawn faint and dashed under the fit's own curves, in their colours
     const faint = (x, y, color, more) => ({x, y, color, alpha: 0.5, width: 1.3, dash: [5, 3], ...more});
-    const base = (spec.valid || []).length ? spec.valid.map(n => [d['base_valid_step:' + n], d['base_valid:' + n]])
-      : [[d.base_valid_step, d.base_valid_loss]];   // its validation curves: one, or one per named loader
+    const base = validCurves(spec, d, 'base_');
     loss.series.unshift(faint(d.base_step, d.base_smooth, COLORS[0], {label: spec.baseline}),
                         ...base.map(([x, y]) => faint(x, y, COLORS[1], {dots: true})));
     lr.series.unshift(faint(d.base_step, d.base_lr, COLORS[2]));
@@ -386,13 +389,16 @@ def _limits(lo: float, hi: float, log: bool) -> tuple[float, float]:
     span = (hi - base) or abs(hi) or 1.0
     return base - 0.03 * span, hi + 0.15 * span
 
+def _valid_curves(s: dict, names, prefix: str = '') -> list[tuple]:
+    "`(x, y, label)` of each validation curve in series `s`: one, or one per named loader (prefix 'base_': a baseline)."
+    if not names: return [(s[prefix + 'valid_step'], s[prefix + 'valid_loss'], 'valid')]
+    return [(s[f'{prefix}valid_step:{n}'], s[f'{prefix}valid:{n}'], f'valid {n}') for n in names]
+
 def _panels(frame: dict) -> list[tuple]:
     "`(title, log, [(x, y, style), ...], shown)` per panel: what the live view draws, as matplotlib styles."
     s, names = frame['series'], frame['metrics']
-    valid = ([(s['valid_step:' + n], s['valid:' + n], dict(color='C1', lw=1.4, marker='o', ms=4, label='valid ' + n,
-                                                          ls=('-', ':', '-.')[i % 3]))
-              for i, n in enumerate(frame.get('valid') or ())]
-             or [(s['valid_step'], s['valid_loss'], dict(color='C1', lw=1.4, marker='o', ms=4, label='valid'))])
+    valid = [(x, y, dict(color='C1', lw=1.4, marker='o', ms=4, label=label, ls=('-', ':', '-.')[i % 3]))
+             for i, (x, y, label) in enumerate(_valid_curves(s, frame.get('valid')))]
     loss = ('loss', frame['log'], [(s['step'], s['loss'], dict(color='C0', alpha=0.25, lw=0.8)),
                                    (s['step'], s['smooth'], dict(color='C0', lw=1.6, label='train (smoothed)')),
                                    *valid],
@@ -407,14 +413,13 @@ def _panels(frame: dict) -> list[tuple]:
     if not names: ps = ps[:2]
     if frame.get('baseline'):   # faint and dashed, under the fit's own curves
         faint = lambda color, **kw: dict(color=color, alpha=0.5, lw=1.3, ls='--', **kw)
-        base = ([(s['base_valid_step:' + n], s['base_valid:' + n]) for n in frame.get('valid') or ()]
-                or [(s['base_valid_step'], s['base_valid_loss'])])
+        base = _valid_curves(s, frame.get('valid'), 'base_')
         lines = [[(s['base_step'], s['base_smooth'], faint('C0', label=frame['baseline'])),
-                  *((x, y, faint('C1', marker='o', ms=3)) for x, y in base)],
+                  *((x, y, faint('C1', marker='o', ms=3)) for x, y, _ in base)],
                  [(s['base_step'], s['base_lr'], faint('C2'))],
                  [(s['base_step:' + n], s['base:' + n], faint(f'C{3 + i % 5}', marker='o', ms=3))
                   for i, n in enumerate(names)]]
-        shown = [(s['base_smooth'], *(y for _, y in base)), (s['base_lr'],), tuple(s['base:' + n] for n in names)]
+        shown = [(s['base_smooth'], *(y for _, y, _ in base)), (s['base_lr'],), tuple(s['base:' + n] for n in names)]
         ps = [(title, log, extra + ls, sh + more) for (title, log, ls, sh), extra, more in zip(ps, lines, shown)]
     return ps
 
