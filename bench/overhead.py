@@ -12,6 +12,12 @@ them by the thread's CPU time instead of the wall clock (on a machine whose core
 the same length, the share spent sending frames and redrawing the dashboard, and the time of the picture left behind
 (drawn on its own thread after `fit` returns, as in a notebook: the benchmark waits for it outside the timing).
 
+Whole fits timed one after another differ by more than the loop's own cost (the best and median above move by 5-10 us
+a step from run to run). The paired measurement (`--paired-reps`, `_Paired`) times it batch by batch instead: a raw
+step on a copy of the model runs beside each of the contender's batches, just before it or just after it in turn, and
+the difference is taken per batch, so that what drifts on the machine is common to both; a raw loop fed the same way
+is its control (its own cost, about 0-1 us, is the measurement's zero).
+
 With `--cuda` (needs a CUDA GPU): the same three contenders on the GPU with a larger MLP (batches already on the
 device), then two checks of host-device syncs: the training loop with the Recorder runs under
 `torch.cuda.set_sync_debug_mode('error')`, where any sync raises, and the notebook defaults run under 'warn', counting
@@ -22,7 +28,7 @@ import torch, torch.nn as nn, torch.nn.functional as F
 from torch.utils.data import DataLoader, TensorDataset
 
 warnings.filterwarnings('ignore')
-clock = time.perf_counter   # `--cpu-time`: time.thread_time, the CPU time of this thread (see `main`)
+clock, clock_ns = time.perf_counter, time.perf_counter_ns   # `--cpu-time`: time.thread_time(_ns), this thread's CPU time
 
 def make(steps, bs=64):
     g = torch.Generator().manual_seed(0)
@@ -133,6 +139,72 @@ try:
     CONTENDERS['trainer (batches in a list, Profiler)'] = trainer_list_profiler
 except ImportError: pass
 
+# ---- paired, batch by batch ----
+
+class _Paired:
+    """Batches from a list, each paired with a raw loop's step on the same batch (a copy of the model, its own
+    optimizer), timed: the time from handing a batch out to being asked for the next is the contender's step of that
+    batch. The raw step runs just before it at even batches and just after it at odd ones (the second of two steps
+    runs faster, on warm caches: alternated, neither side has it). The difference, batch by batch, is the contender's
+    own cost with what drifts on the machine (other work, the clock's frequency) shared by both of the pair."""
+    def __init__(self, batches, model):
+        self.batches, self.model, self.opt = batches, model, torch.optim.SGD(model.parameters(), lr=0.01)
+        self.raw, self.other = [], []   # ns per batch: the raw step, the contender's
+
+    def __len__(self): return len(self.batches)
+
+    def _raw_step(self, x, y):
+        t = clock_ns()
+        loss = F.cross_entropy(self.model(x), y)
+        loss.backward()
+        self.opt.step()
+        self.opt.zero_grad()
+        self.raw.append(clock_ns() - t)
+
+    def __iter__(self):
+        for i, (x, y) in enumerate(self.batches):
+            if not i % 2: self._raw_step(x, y)
+            t = clock_ns()
+            yield x, y
+            self.other.append(clock_ns() - t)
+            if i % 2: self._raw_step(x, y)
+
+def _paired_raw(batches, steps):
+    "The control: a raw loop fed by `_Paired` (its own cost is the measurement's zero)."
+    _raw(make_list(steps)[0], batches, steps)
+
+def _paired_trainer(batches, steps, default_hooks):
+    from trainer_nb.core import Trainer
+    tr = Trainer(make_list(1)[0], batches, loss_func=F.cross_entropy, opt_func=torch.optim.SGD, lr=0.01, cpu=True,
+                 default_hooks=default_hooks)
+    with contextlib.redirect_stdout(io.StringIO()), contextlib.redirect_stderr(io.StringIO()): tr.fit(1)
+
+PAIRED = {'raw loop (the control)': _paired_raw,
+          'trainer (no hooks)': lambda b, n: _paired_trainer(b, n, False),
+          'trainer (terminal defaults)': lambda b, n: _paired_trainer(b, n, True)}
+
+def paired(steps, reps):
+    """Each contender's own cost per batch over the raw step paired with it (`_Paired`), in `reps` fits of `steps`
+    batches from a list, contenders alternated: per fit, the median batch's (a typical batch) and the mean (every
+    batch, the periodic work of some included); then the median and range of those over the fits, and the ratio of
+    the raw step's mean time to the contender's."""
+    runs = {n: [] for n in PAIRED}
+    names = list(PAIRED)
+    for r in range(reps + 1):   # (the first round warms up, and is left out)
+        for n in names[r % len(names):] + names[:r % len(names)]:
+            model, batches = make_list(steps)
+            b = _Paired(batches, model)
+            PAIRED[n](b, steps)
+            d = [(o - w) / 1e3 for o, w in zip(b.other[5:], b.raw[5:])]   # (the first batches warm up)
+            if r: runs[n].append((statistics.median(d), statistics.mean(d), statistics.mean(b.raw[5:]) / 1e3))
+    print(f"paired, batch by batch ({reps} fits of {steps} batches from a list, each batch beside a raw step):")
+    span = lambda v: f"{statistics.median(v):.1f} us [{min(v):.1f} to {max(v):.1f}]"
+    for n, v in runs.items():
+        med, mean, raw = zip(*v)
+        ratio = sorted(w / (w + m) for _, m, w in v)
+        print(f"  {n}: own cost of the median batch {span(med)}, mean {span(mean)}; "
+              f"{statistics.median(ratio):.3f} x raw [{ratio[0]:.3f}-{ratio[-1]:.3f}] (raw step {statistics.median(raw):.1f} us)")
+
 # ---- on a GPU ----
 
 def make_gpu(steps, device='cuda', bs=256, d_in=512, width=2048, n_distinct=16):
@@ -235,6 +307,7 @@ def main():
     ap.add_argument('--steps', type=int, default=1500)
     ap.add_argument('--reps', type=int, default=9)
     ap.add_argument('--redraw-steps', type=int, default=20_000, help='steps of the redraw-share run (0: skip it)')
+    ap.add_argument('--paired-reps', type=int, default=7, help='fits of the paired measurement (0: skip it)')
     ap.add_argument('--cuda', action='store_true', help='on the GPU, with a larger MLP, and the sync checks')
     ap.add_argument('--cpu-time', action='store_true', help="time the contenders by this thread's CPU time, not the "
                     "wall clock: on a machine shared with other work, the time others' processes take the core from "
@@ -242,8 +315,8 @@ def main():
     a = ap.parse_args()
     if a.cuda: return run_gpu(a)
     if a.cpu_time:
-        global clock
-        clock = time.thread_time
+        global clock, clock_ns
+        clock, clock_ns = time.thread_time, time.thread_time_ns
         print("timed by the thread's CPU time (time.thread_time)")
     torch.set_num_threads(1)
     for f in CONTENDERS.values(): f(100)   # warm up
@@ -262,6 +335,7 @@ def main():
     print(f"the loop's own cost (batches in a list, no hooks): {1e6 / max(tr) - 1e6 / max(raw):.1f} us per step over "
           f"the raw loop ({1e6 / max(raw):.1f} us), best of {a.reps}; median of the repetitions "
           f"{statistics.median(cost):.1f} us [{cost[0]:.1f} to {cost[-1]:.1f}]")
+    if a.paired_reps: paired(a.steps, a.paired_reps)
     if a.redraw_steps: redraw_share(a.redraw_steps)
 
 if __name__ == '__main__': main()
