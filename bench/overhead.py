@@ -6,9 +6,9 @@ repetition starting at the next contender (so none always runs right after anoth
 N ratios, each taken against the reference's run of the same repetition. Four contenders take pre-collated batches
 from a list instead of a DataLoader, so that the loop's own cost per step (printed in microseconds, best of N and
 median with its range) stands above the DataLoader's noise; among them the trainer with the default hooks a script
-run in a terminal has (Recorder, a text progress bar, LivePlot and RunRecorder drawing nothing). `--cpu-time` times
-them by the thread's CPU time instead of the wall clock (on a machine whose cores other work shares). The run of
-`--redraw-steps` steps then shows where the notebook defaults' time goes: the steady-state ratio against a raw loop of
+run in a terminal has (Recorder, a text progress bar, LivePlot and RunRecorder drawing nothing), which runs with the
+DataLoader too. `--cpu-time` times them by the thread's CPU time instead of the wall clock (on a machine whose cores
+other work shares). The run of `--redraw-steps` steps then shows where the notebook defaults' time goes: the steady-state ratio against a raw loop of
 the same length, the share spent sending frames and redrawing the dashboard, and the time of the picture left behind
 (drawn on its own thread after `fit` returns, as in a notebook: the benchmark waits for it outside the timing).
 
@@ -66,16 +66,18 @@ def trainer_list(steps):
     tr.fit(1)
     return steps / (clock() - t)
 
-def trainer_list_terminal(steps):
-    """The trainer fed from a list with its default hooks, as a script run in a terminal has them (what they print
-    goes to a buffer here, so as not to mix with the figures)."""
+def _terminal_fit(model, batches, steps):
+    """Steps/s of the trainer with its default hooks, as a script run in a terminal has them (what they print goes to
+    a buffer here, so as not to mix with the figures)."""
     from trainer_nb.core import Trainer
-    model, batches = make_list(steps)
     tr = Trainer(model, batches, loss_func=F.cross_entropy, opt_func=torch.optim.SGD, lr=0.01, cpu=True)
     with contextlib.redirect_stdout(io.StringIO()), contextlib.redirect_stderr(io.StringIO()):
         t = clock()
         tr.fit(1)
         return steps / (clock() - t)
+
+def trainer_list_terminal(steps): return _terminal_fit(*make_list(steps), steps)
+def trainer_terminal(steps): return _terminal_fit(*make(steps), steps)
 
 def trainer_no_hooks(steps):
     from trainer_nb.core import Trainer
@@ -131,7 +133,8 @@ def trainer_list_profiler(steps):
     tr.fit(1)
     return steps / (clock() - t)
 
-CONTENDERS = {'raw loop': raw_loop, 'trainer (no hooks)': trainer_no_hooks, 'trainer (notebook defaults)': trainer_notebook,
+CONTENDERS = {'raw loop': raw_loop, 'trainer (no hooks)': trainer_no_hooks, 'trainer (terminal defaults)': trainer_terminal,
+              'trainer (notebook defaults)': trainer_notebook,
               'raw loop (batches in a list)': raw_list, 'trainer (batches in a list, no hooks)': trainer_list,
               'trainer (batches in a list, terminal defaults)': trainer_list_terminal}
 try:
