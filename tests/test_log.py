@@ -77,3 +77,22 @@ def test_log_refusals_and_non_finite_values():
     t.log('x', torch.tensor(3.))
     assert t.logged.epoch_means(t.accelerator) == {'x': 3.}   # non-finite values left out
     assert math.isnan(t.logged.epoch_means(t.accelerator)['x'])   # nothing new since
+
+def test_the_loss_log_packs_host_numbers_as_torch_rounds_them():
+    "The CPU loop's losses are Python floats; a flush packs them as float32, each rounded as `torch.tensor` rounds it."
+    import random
+    from trainer_nb.base import LossLog
+    rng = random.Random(0)
+    vals = [rng.uniform(-1e3, 1e3) for _ in range(5000)] + [rng.lognormvariate(0, 40) for _ in range(5000)]
+    vals += [math.nan, math.inf, -math.inf, 1e39, -1e39, 1e-46, 1e-40, 5e-324, -0.0, 0.1]
+    log = LossLog()
+    for v in vals: log.append(v)
+    got = log.flush(checked=True)
+    want = torch.tensor(vals, dtype=torch.float32)
+    assert got.dtype == torch.float32 and torch.equal(got.view(torch.int32), want.view(torch.int32))
+    log.append(2.5)
+    log.append_skipped()   # a batch cancelled before its loss: NaN in its place
+    log.append(torch.tensor(0.75))
+    tail = log.flush(checked=True)
+    assert tail.dtype == torch.float32 and tail[0] == 2.5 and math.isnan(tail[1]) and tail[2] == 0.75
+    assert torch.equal(log.values[:len(vals)].view(torch.int32), want.view(torch.int32)) and len(log.values) == len(vals) + 3

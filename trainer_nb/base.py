@@ -4,7 +4,7 @@
 
 # %% ../nbs/00_base.ipynb #76a55cf9
 from __future__ import annotations
-import base64, copy, difflib, math, random, time, warnings
+import array, base64, copy, difflib, math, random, time, warnings
 from collections.abc import Mapping
 from dataclasses import dataclass, asdict
 from pathlib import Path
@@ -192,8 +192,8 @@ class ResumePlan:
 # %% ../nbs/00_base.ipynb #dd1cc221
 def _stack(ts: list) -> torch.Tensor:
     "Losses (tensors or floats) as one float32 CPU tensor (one transfer); `None` (a batch with no loss) becomes NaN."
-    if type(ts[0]) is float:   # numbers, as the loop keeps them on the CPU: one call (it raises on a `None` in them)
-        try: return torch.tensor(ts, dtype=torch.float32)
+    if type(ts[0]) is float:   # numbers, as the loop keeps them on the CPU: packed in one call (a `None` raises)
+        try: return torch.frombuffer(array.array('f', ts), dtype=torch.float32)   # (rounded as torch.tensor rounds)
         except (TypeError, ValueError, RuntimeError): pass
     ref = next((t for t in ts if isinstance(t, torch.Tensor)), None)
     if ref is None: return torch.tensor([math.nan if t is None else t for t in ts], dtype=torch.float32)
