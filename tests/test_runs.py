@@ -254,3 +254,23 @@ def test_trainer_run_dir_writes_the_record_there(tmp_path):
         rec = read_run(d)
         assert rec['status'] == 'done' and rec['steps'] == 6 and rec['name'] == f'run{i}'
         assert runs(tmp_path, kernel=False).name.tolist().count(f'run{i}') == 1
+
+
+def test_every_seconds_changed_during_a_fit_counts_from_the_next_step(tmp_path):
+    "A record written every hour; at step 3 a hook asks for every 0 s: the record is written at that step, and each after."
+    rr = RunRecorder(tmp_path, every_seconds=3600)
+    seen = {}
+
+    class Ask(Hook):
+        order = 50   # before the RunRecorder (90) at each step
+        def after_step(self):
+            if self.trainer.state.step == 3: rr.every_seconds = 0
+
+    class Read(Hook):
+        order = 95   # after it: what the file holds once the step is done
+        def after_step(self):
+            seen[self.trainer.state.step] = json.loads((tmp_path / RECORD).read_text())['steps']
+
+    trainer([Ask(), Read()], rr=rr).fit(1)   # 6 steps
+    assert seen == {1: 0, 2: 0, 3: 3, 4: 4, 5: 5, 6: 6}   # (before: the file of before_fit, written at step 0)
+    with pytest.raises(ValueError, match='every_seconds must be a number >= 0'): rr.every_seconds = -1

@@ -112,8 +112,20 @@ class RunRecorder(MainProcessHook):
     in_dev_run = False
 
     def __init__(self, dir=None, max_points: int = 500, every_seconds: float = 30.):
+        self._due = 0.
         self.dir, self.max_points, self.every_seconds = dir, max_points, every_seconds
         self.record, self.path, self._on = None, None, False
+
+    @property
+    def every_seconds(self) -> float:
+        "Seconds between two writes of the record during a fit; a change during a fit counts from its next step."
+        return self._every_seconds
+
+    @every_seconds.setter
+    def every_seconds(self, v: float):
+        if isinstance(v, bool) or not isinstance(v, (int, float)) or not v >= 0:
+            raise ValueError(f"every_seconds must be a number >= 0, got {v!r}")
+        self._every_seconds, self._due = float(v), 0.   # (`after_step` looks again at the next step)
 
     def before_fit(self):
         t, s = self.trainer, self.trainer.state
