@@ -4,7 +4,7 @@
 
 # %% ../nbs/17_runs.ipynb #4004030e
 from __future__ import annotations
-import functools, json, math, os, socket, time, uuid, warnings
+import functools, json, math, numbers, os, socket, time, uuid, warnings
 from pathlib import Path
 
 # %% auto #0
@@ -112,8 +112,7 @@ class RunRecorder(MainProcessHook):
     in_dev_run = False
 
     def __init__(self, dir=None, max_points: int = 500, every_seconds: float = 30.):
-        self._due = 0.
-        self.dir, self.max_points, self.every_seconds = dir, max_points, every_seconds
+        self.dir, self.max_points, self.every_seconds = dir, max_points, every_seconds   # (sets `_due` too)
         self.record, self.path, self._on = None, None, False
 
     @property
@@ -123,7 +122,7 @@ class RunRecorder(MainProcessHook):
 
     @every_seconds.setter
     def every_seconds(self, v: float):
-        if isinstance(v, bool) or not isinstance(v, (int, float)) or not v >= 0:
+        if isinstance(v, bool) or not isinstance(v, numbers.Real) or not v >= 0:   # (numpy's numbers too)
             raise ValueError(f"every_seconds must be a number >= 0, got {v!r}")
         self._every_seconds, self._due = float(v), 0.   # (`after_step` looks again at the next step)
 
