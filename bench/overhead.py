@@ -8,9 +8,10 @@ from a list instead of a DataLoader, so that the loop's own cost per step (print
 median with its range) stands above the DataLoader's noise; among them the trainer with the default hooks a script
 run in a terminal has (Recorder, a text progress bar, LivePlot and RunRecorder drawing nothing), which runs with the
 DataLoader too. `--cpu-time` times them by the thread's CPU time instead of the wall clock (on a machine whose cores
-other work shares). The run of `--redraw-steps` steps then shows where the notebook defaults' time goes: the steady-state ratio against a raw loop of
-the same length, the share spent sending frames and redrawing the dashboard, and the time of the picture left behind
-(drawn on its own thread after `fit` returns, as in a notebook: the benchmark waits for it outside the timing).
+other work shares). The run of `--redraw-steps` steps then shows where the notebook defaults' time goes: the
+steady-state ratio against a raw loop of the same length, the share spent sending frames and redrawing the dashboard,
+and the time of the picture left behind (drawn on its own thread after `fit` returns, as in a notebook: the benchmark
+waits for it outside the timing).
 
 Whole fits timed one after another differ by more than the loop's own cost (the best and median above move by 5-10 us
 a step from run to run). The paired measurement (`--paired-reps`, `_Paired`) times it batch by batch instead: a raw
@@ -28,7 +29,7 @@ import torch, torch.nn as nn, torch.nn.functional as F
 from torch.utils.data import DataLoader, TensorDataset
 
 warnings.filterwarnings('ignore')
-clock, clock_ns = time.perf_counter, time.perf_counter_ns   # `--cpu-time`: time.thread_time(_ns), this thread's CPU time
+clock, clock_ns = time.perf_counter, time.perf_counter_ns   # `--cpu-time`: this thread's CPU time (see `main`)
 
 def make(steps, bs=64):
     g = torch.Generator().manual_seed(0)
@@ -133,8 +134,8 @@ def trainer_list_profiler(steps):
     tr.fit(1)
     return steps / (clock() - t)
 
-CONTENDERS = {'raw loop': raw_loop, 'trainer (no hooks)': trainer_no_hooks, 'trainer (terminal defaults)': trainer_terminal,
-              'trainer (notebook defaults)': trainer_notebook,
+CONTENDERS = {'raw loop': raw_loop, 'trainer (no hooks)': trainer_no_hooks,
+              'trainer (terminal defaults)': trainer_terminal, 'trainer (notebook defaults)': trainer_notebook,
               'raw loop (batches in a list)': raw_list, 'trainer (batches in a list, no hooks)': trainer_list,
               'trainer (batches in a list, terminal defaults)': trainer_list_terminal}
 try:
@@ -174,7 +175,7 @@ class _Paired:
 
 def _paired_raw(batches, steps):
     "The control: a raw loop fed by `_Paired` (its own cost is the measurement's zero)."
-    _raw(make_list(steps)[0], batches, steps)
+    _raw(make_list(1)[0], batches, steps)   # (the model only: the same weights as `make_list(steps)`'s)
 
 def _paired_trainer(batches, steps, default_hooks):
     from trainer_nb.core import Trainer
@@ -205,8 +206,8 @@ def paired(steps, reps):
     for n, v in runs.items():
         med, mean, raw = zip(*v)
         ratio = sorted(w / (w + m) for _, m, w in v)
-        print(f"  {n}: own cost of the median batch {span(med)}, mean {span(mean)}; "
-              f"{statistics.median(ratio):.3f} x raw [{ratio[0]:.3f}-{ratio[-1]:.3f}] (raw step {statistics.median(raw):.1f} us)")
+        print(f"  {n}: own cost of the median batch {span(med)}, mean {span(mean)}; {statistics.median(ratio):.3f} x "
+              f"raw [{ratio[0]:.3f}-{ratio[-1]:.3f}] (raw step {statistics.median(raw):.1f} us)")
 
 # ---- on a GPU ----
 
