@@ -78,6 +78,7 @@ def test_log_refusals_and_non_finite_values():
     assert t.logged.epoch_means(t.accelerator) == {'x': 3.}   # non-finite values left out
     assert math.isnan(t.logged.epoch_means(t.accelerator)['x'])   # nothing new since
 
+
 def test_the_loss_log_packs_host_numbers_as_torch_rounds_them():
     "The CPU loop's losses are Python floats; a flush packs them as float32, each rounded as `torch.tensor` rounds it."
     import random
@@ -95,4 +96,5 @@ def test_the_loss_log_packs_host_numbers_as_torch_rounds_them():
     log.append(torch.tensor(0.75))
     tail = log.flush(checked=True)
     assert tail.dtype == torch.float32 and tail[0] == 2.5 and math.isnan(tail[1]) and tail[2] == 0.75
-    assert torch.equal(log.values[:len(vals)].view(torch.int32), want.view(torch.int32)) and len(log.values) == len(vals) + 3
+    values = log.values   # the two chunks as one
+    assert len(values) == len(vals) + 3 and torch.equal(values[:len(vals)].view(torch.int32), want.view(torch.int32))

@@ -131,9 +131,9 @@ def test_no_timing_no_clocked_hooks():
 
 
 def timed_fit(loader_sleeps: bool, mode: str):
-    """A 2-epoch fit with a `Timing` hook and a `Progress` in `mode`: its loader sleeps 30 ms a batch (6 a epoch), or 50
-    batches a epoch in a list (enough that a pause of a few ms between two batches, a garbage collection in a large
-    process, does not make a quarter of the fit's time)."""
+    """A 2-epoch fit with a `Timing` hook and a `Progress` in `mode`: its loader sleeps 30 ms a batch (6 batches an
+    epoch), or 50 batches an epoch in a list (enough that a pause of a few ms between two batches, such as a garbage
+    collection in a large process, does not make a quarter of the fit's time)."""
     import io
     from trainer_nb.core import Trainer
     from trainer_nb.hooks import Timing
