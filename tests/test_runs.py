@@ -257,7 +257,7 @@ def test_trainer_run_dir_writes_the_record_there(tmp_path):
 
 
 def test_every_seconds_changed_during_a_fit_counts_from_the_next_step(tmp_path):
-    "A record written every hour; at step 3 a hook asks for every 0 s: the record is written at that step, and each after."
+    "Written every hour; at step 3 a hook asks for every 0 s: the record is written at that step, and at each after."
     rr = RunRecorder(tmp_path, every_seconds=3600)
     seen = {}
 
