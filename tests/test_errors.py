@@ -130,6 +130,27 @@ def test_nan_loss_found_before_its_backward_pass():
 
 
 @pytest.mark.usefixtures('on_the_cpu')
+def test_a_nan_loss_found_when_it_reaches_the_host_raises_the_same_error():
+    """Where the loss is not checked at its batch (on a GPU, every `sync_every` batches; here manual optimization on
+    the CPU, which takes that path), the NaN raises at the flush: a `NonFiniteError` too, naming its epoch, batch and
+    iteration, with no module (its step has run)."""
+    from trainer_nb.base import NonFiniteError
+    def step(batch, t):
+        loss = F.mse_loss(t.model(batch[0]), batch[1])
+        t.backward(loss)
+        t.step()
+        return {'loss': loss.detach()}
+    t = Trainer(small_model(), DataLoader(_nan_ds(), batch_size=4), train_step=step, manual=True, sync_every=100,
+                default_hooks=False)
+    with pytest.raises(NonFiniteError) as info: t.fit(1)
+    assert str(info.value).startswith("Non-finite loss (nan) in epoch 1, batch 4 (iteration 3). Losses are checked when "
+                                      "they reach the host")
+    e = info.value
+    assert (e.epoch, e.batch, e.iteration) == (1, 4, 3) and e.origin is None and e.module is None
+    assert t.state.iteration == 6   # (found at the epoch's end, after its 6 batches)
+
+
+@pytest.mark.usefixtures('on_the_cpu')
 def test_nan_loss_iteration_counts_across_fits():
     t = Trainer(small_model(), DataLoader(regression_ds(24), batch_size=4), loss_func=F.mse_loss, default_hooks=False)
     t.fit(1)

@@ -5,7 +5,7 @@ import numpy as np, pytest, torch
 import torch.nn.functional as F
 from torch import nn
 from torch.utils.data import DataLoader, TensorDataset
-from trainer_nb.base import CancelBatch, CancelFit, Hook
+from trainer_nb.base import CancelBatch, CancelFit, Hook, NonFiniteError
 from trainer_nb.core import Trainer
 from trainer_nb.recorder import Binned, Recorder
 from trainer_nb.liveplot import LivePlot
@@ -148,7 +148,9 @@ def test_arrays_mid_fit_still_reports_a_non_finite_loss():
         order = 60
         def after_step(self): self.trainer.get_hook(Recorder).arrays()
     t = make(n_batches=20, hooks=[Poison(), Peek()])
-    with pytest.raises(FloatingPointError, match='iteration 5'): t.fit(1)
+    with pytest.raises(NonFiniteError, match='iteration 5') as info: t.fit(1)
+    # before its backward pass on the CPU, after its step on a GPU (when it reached the host): the same error, where
+    assert (info.value.epoch, info.value.batch, info.value.iteration) == (1, 6, 5)
 
 
 def test_skipped_batches_do_not_count_in_a_step():

@@ -13,7 +13,8 @@ from pathlib import Path
 __all__ = ['EVENTS', 'BATCH_EVENTS', 'CANCELS', 'RESERVED', 'CancelBatch', 'CancelEpoch', 'CancelFit', 'annotate', 'hook_error',
            'Hook', 'MainProcessHook', 'unknown_events', 'hooks_of', 'EventCalls', 'LoopState', 'ResumePlan', 'LossLog',
            'LoggedValues', 'loader_generators', 'rng_state', 'set_rng_state', 'Smoother', 'smooth', 'name_of',
-           'to_plain', 'to_cpu', 'batch_size', 'has_len', 'check_idle', 'check_monitor', 'TrainerWarning']
+           'to_plain', 'to_cpu', 'batch_size', 'has_len', 'check_idle', 'check_monitor', 'TrainerWarning',
+           'NonFiniteError']
 
 # %% ../nbs/00_base.ipynb #e4266d3d
 import numpy as np
@@ -520,3 +521,16 @@ def _format_warning(message, category, filename, lineno, line=None) -> str:
     return _FORMAT_BEFORE(message, category, filename, lineno, line)
 
 warnings.formatwarning = _format_warning
+
+# %% ../nbs/00_base.ipynb #3296ca04
+class NonFiniteError(FloatingPointError):
+    "A non-finite loss or gradient, with where the loop was and the module where it started (`origin`)."
+    def __init__(self, msg: str, origin=None, **where):
+        super().__init__(msg)
+        self.origin, self.where = origin, where
+        for k, v in where.items(): setattr(self, k, v)
+
+    @property
+    def module(self) -> str | None:
+        "The qualified name of the module where it started ('' the model itself; None: not found)."
+        return None if self.origin is None else self.origin.module

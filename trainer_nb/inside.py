@@ -8,14 +8,15 @@ import itertools, math, warnings
 from collections.abc import Mapping
 
 # %% auto #0
-__all__ = ['STATS', 'non_finite', 'ModelSnapshot', 'NonFiniteOrigin', 'find_non_finite', 'NonFiniteError', 'total_norm',
-           'grads_finite', 'LayerStats', 'out_of_range', 'plot_layer_stats']
+__all__ = ['STATS', 'non_finite', 'ModelSnapshot', 'NonFiniteOrigin', 'find_non_finite', 'total_norm', 'grads_finite',
+           'LayerStats', 'out_of_range', 'plot_layer_stats', 'NonFiniteError']
 
 # %% ../nbs/18_inside.ipynb #bdaf61c5
 import numpy as np
 import torch
-from .base import MainProcessHook, rng_state, set_rng_state
+from .base import MainProcessHook, NonFiniteError, rng_state, set_rng_state
 from .recorder import new_figure
+_all_ = ['NonFiniteError']   # (defined with the loop, in base; imported from here as before)
 
 # %% ../nbs/18_inside.ipynb #40b6a751
 def _floats(x) -> list:
@@ -134,19 +135,6 @@ def _by_parameters(model, names, why: str) -> NonFiniteOrigin:
     if not bad: return NonFiniteOrigin('gradient', None, None, why)
     return NonFiniteOrigin('gradient', bad[-1], type(model.get_submodule(bad[-1])).__name__,
                            f"{why}; modules whose parameters' gradients are not finite: {', '.join(bad)}")
-
-# %% ../nbs/18_inside.ipynb #35172c7b
-class NonFiniteError(FloatingPointError):
-    "A non-finite loss or gradient, with where the loop was and the module where it started (`origin`)."
-    def __init__(self, msg: str, origin: NonFiniteOrigin | None = None, **where):
-        super().__init__(msg)
-        self.origin, self.where = origin, where
-        for k, v in where.items(): setattr(self, k, v)
-
-    @property
-    def module(self) -> str | None:
-        "The qualified name of the module where it started ('' the model itself; None: not found)."
-        return None if self.origin is None else self.origin.module
 
 # %% ../nbs/18_inside.ipynb #b6917bb7
 def total_norm(ts) -> torch.Tensor:

@@ -21,8 +21,8 @@ from accelerate.utils.memory import clear_device_cache
 
 # %% ../nbs/00_base_loop.ipynb #36d0931d
 from .base import (EVENTS, CancelBatch, CancelEpoch, CancelFit, EventCalls, Hook, LoopState, LossLog,
-                             LoggedValues, RESERVED, ResumePlan, TrainerWarning, annotate, batch_size, check_idle,
-                             has_len, hooks_of, name_of, rng_state, set_rng_state, to_cpu, unknown_events)
+                             LoggedValues, NonFiniteError, RESERVED, ResumePlan, TrainerWarning, annotate, batch_size,
+                             check_idle, has_len, hooks_of, name_of, rng_state, set_rng_state, to_cpu, unknown_events)
 
 # %% ../nbs/00_base_loop.ipynb #f6682260
 class Loop:
@@ -893,14 +893,16 @@ def _skip_non_finite(t, loss):
             f"non-finite loss {v}" if not math.isfinite(v) else "non-finite loss on another process"), TrainerWarning)
         raise CancelBatch()
 
-def _non_finite_error(t, bad: int) -> FloatingPointError:
+def _non_finite_error(t, bad: int) -> NonFiniteError:
+    "The error for the loss of iteration `bad`, found non-finite when it reached the host (after its step)."
     s, first = t.state, t._epoch_first
-    where = f"epoch {s.epoch + 1}, batch {bad - first + 1}" if bad >= first else "an earlier epoch"
-    return FloatingPointError(
+    at = dict(epoch=s.epoch + 1, batch=bad - first + 1) if bad >= first else {}
+    where = f"epoch {at['epoch']}, batch {at['batch']}" if at else "an earlier epoch"
+    return NonFiniteError(
         f"Non-finite loss ({t.losses.slice(bad, bad + 1).item()}) in {where} (iteration {bad}). Losses are "
         f"checked when they reach the host (every sync_every={t.sync_every} batches and at the end of each "
         "epoch): its backward pass ran, and the weights after that step may already be non-finite. Lower the LR, "
-        "set max_grad_norm=, check the data, or pass nan_policy='skip' to skip such batches")
+        "set max_grad_norm=, check the data, or pass nan_policy='skip' to skip such batches", iteration=bad, **at)
 
 def _hook_clock(t) -> dict | None:
     "Where a `Timing` hook wants each hook's time added (None: no hook is timed)."
@@ -955,13 +957,20 @@ def _make_schedulers(t, epochs, max_steps=None) -> dict:
 # %% ../nbs/00_base_loop.ipynb #e76edebd
 _END = object()
 
+def _is_on(d, dev) -> bool:
+    """Is device `d` (a tensor's: `cuda:0`) the device `dev`? One process's Accelerator names its GPU `cuda`, with
+    no index: the current GPU, which `torch.device('cuda:0') == torch.device('cuda')` does not take it for."""
+    if d is None or d.type != dev.type: return False
+    i = torch.cuda.current_device() if dev.index is None and dev.type == 'cuda' else dev.index
+    return i is None or d.index == i
+
 def _on_device(t, dl, it):
     """Iterator `it` over `dl`'s batches, each sent to the trainer's device where nothing else moves it: a list or a
     generator of CPU tensors on a GPU (Accelerate prepares, and moves the batches of, `DataLoader`s only). A list
     whose first batch is on the device already is taken as it is (no work per batch)."""
     dev = t.accelerator.device
     if dev.type == 'cpu' or isinstance(dl, DataLoader): return it
-    if isinstance(dl, (list, tuple)) and dl and find_device(dl[0]) == dev: return it
+    if isinstance(dl, (list, tuple)) and dl and _is_on(find_device(dl[0]), dev): return it
     return map(functools.partial(send_to_device, device=dev, non_blocking=True), it)
 
 def _epoch_batches(t, dl, start):
