@@ -98,7 +98,8 @@ def test_describe(work):
     r = run('describe', work / 'cfg' / 'reg.yaml', 'hooks=[{type: EarlyStopping, patience: 2}]', cwd=work / 'work')
     assert r.returncode == 0, r.stderr
     out = r.stdout.splitlines()
-    assert out[0] == 'Trainer on cpu (1 process)' and '  model:     regression_model (49 parameters)' in out
+    device = 'cuda' if torch.cuda.is_available() else 'cpu'   # (the config names none: the GPU where there is one)
+    assert out[0] == f'Trainer on {device} (1 process)' and '  model:     regression_model (49 parameters)' in out
     assert '  optimizer: SGD momentum=0.9' in out and '  fit:       3 epochs, lr 0.05' in out
     head = next(i for i, l in enumerate(out) if l.startswith('event'))
     row = {l.split()[0]: l.split(None, 1)[1] for l in out[head + 1:]}

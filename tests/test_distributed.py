@@ -42,11 +42,14 @@ def run(tmp_path_factory):
 
 @pytest.fixture(scope='module')
 def single():
-    "The same training in this process, on one process with the global batch (2 x BATCH)."
+    """The same training in this process, on one process with the global batch (2 x BATCH), on the CPU as the two
+    processes are (where a GPU is visible too)."""
     from accelerate.state import AcceleratorState, GradientState
     AcceleratorState._reset_state(True); GradientState._reset_state()
     mod = _script_module()
-    t = mod.make_trainer(2 * BATCH)
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv('ACCELERATE_USE_CPU', '1')   # (read when the trainer makes its accelerator)
+        t = mod.make_trainer(2 * BATCH)
     t.remove_hooks(*t.hooks)
     t.fit(mod.EPOCHS)
     fit_valid = dict(t.valid_results)
