@@ -170,3 +170,24 @@ def test_batches_from_a_list_and_logged_cpu_values(device):
     t.add_hooks(Seen())
     t.fit(1)
     assert len(seen) == 4 and all(s is b for s, b in zip(seen, on_device))   # (a moved batch: a new tuple)
+
+
+@needs_cuda
+def test_a_cpu_trainer_beside_gpu_trainers_in_one_process():
+    """Accelerate's device is process-wide: it refuses `cpu=True` once a GPU state exists ("restart your runtime"), and
+    keeps the CPU for a trainer made after a `cpu=True` one. Each trainer here trains on its own device, in any order,
+    the earlier ones again after the later were made."""
+    a, wa, da = _train('no')
+    b, wb, db = _train('no', cpu=True)           # the CPU after a GPU trainer
+    c, wc, dc = _train('bf16')                   # the GPU after a CPU trainer
+    _check(a, wa, da, torch.float32, 'cuda')
+    _check(b, wb, db, torch.float32, 'cpu')
+    _check(c, wc, dc, torch.bfloat16, 'cuda')
+    for t, device, watch in ((a, 'cuda', wa), (b, 'cpu', wb), (c, 'cuda', wc), (b, 'cpu', wb)):
+        assert t.device.type == device
+        t.fit(1)                                 # again, each after another trainer was made or fitted
+        assert all(p.device.type == device for p in t.model.parameters())
+        assert t.accelerator.device.type == device and math.isfinite(watch.epoch_losses[-1])
+        preds, _ = t.predict(t.valid_dl)
+        assert preds.shape == (100, 1) and torch.isfinite(preds).all()
+    assert b.state.iteration == 8 * 6 and a.state.iteration == c.state.iteration == 8 * 5

@@ -51,3 +51,23 @@ def test_each_trainer_trains_in_its_own_precision():
     assert fit(bf16, sbf) == ({torch.bfloat16}, {True}, {'bf16'})   # the earlier trainers keep their own
     assert fit(f32, s32) == ({torch.float32}, {False}, {'no'})
     assert bf16.mixed_precision == 'bf16' and f32.mixed_precision == again.mixed_precision == 'no'
+
+
+def test_a_trainer_after_a_cpu_one_gets_the_default_device():
+    """Accelerate keeps the device of the first state in the process: a trainer made after a `cpu=True` one would stay
+    on the CPU where there is a GPU. The state is made anew for it (the default device), and the `cpu=True` trainer
+    keeps its own (tests/test_gpu.py checks both on a GPU)."""
+    from accelerate.state import PartialState
+    from trainer_nb.core import Trainer
+    cpu_one, seen = make('no')
+    assert PartialState()._cpu
+    x = torch.randn(32, 8, generator=torch.Generator().manual_seed(0))
+    other = Trainer(torch.nn.Linear(8, 1), [(x, x[:, :1])], loss_func=F.mse_loss, default_hooks=False)
+    assert not PartialState()._cpu   # made for the default device: a GPU where there is one
+    default = 'cuda' if torch.cuda.is_available() else 'cpu'
+    assert other.device.type == default and cpu_one.device.type == 'cpu'
+    assert fit(cpu_one, seen) == ({torch.float32}, {False}, {'no'})
+    assert all(p.device.type == 'cpu' for p in cpu_one.model.parameters())
+    before = other.evaluate([(x, x[:, :1])])['valid_loss']
+    other.fit(3)
+    assert other.evaluate([(x, x[:, :1])])['valid_loss'] < before and other.device.type == default

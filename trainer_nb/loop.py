@@ -14,9 +14,9 @@ __all__ = ['Loop', 'FitStopped', 'log_scalar']
 import torch
 from torch.utils.data import DataLoader, IterableDataset
 from accelerate import Accelerator, skip_first_batches
-from accelerate.state import AcceleratorState
+from accelerate.state import AcceleratorState, PartialState
 from accelerate.utils import (DistributedType, concatenate, find_device, honor_type, pad_across_processes,
-                               recursively_apply, send_to_device)
+                               parse_flag_from_env, recursively_apply, send_to_device)
 from accelerate.utils.memory import clear_device_cache
 
 # %% ../nbs/00_base_loop.ipynb #36d0931d
@@ -34,6 +34,7 @@ class Loop:
     _non_finite_here = None   # `(batch, what) -> error`: a non-finite loss or gradients, where it started (`inside`)
     _grads_finite = None      # `(grads) -> bool`: are they all finite (`nan_policy='raise_grads'`; `inside`)
     _serve_requests = None    # `()`: take what other threads asked of the running fit (`background`)
+    _acc_state = ({}, {})     # Accelerate's state as this trainer has it, once made (see `_own_state`)
 
     def _init_loop(self):
         "The loop's own state before any fit (the constructor calls it once the model and optimizers are made)."
@@ -49,6 +50,7 @@ class Loop:
         self.compile_time = None   # seconds the first batch took with `compile=` (the `CompileTimer` hook sets it)
         self.schedulers, self._prepared, self._inputs = {}, {}, None   # (`_inputs`: what the model's forward takes)
         self._calls = EventCalls()     # (bound anew by each fit)
+        self._acc_state = _acc_snapshot()   # Accelerate's state as this trainer has it (see `_own_state`)
         self._plain = _Plain(self)
 
     @staticmethod
@@ -67,6 +69,7 @@ class Loop:
         fit, the hooks bound, then the epochs, each event's hooks called, and whatever ends it (the end, a `CancelFit`,
         a stop, an error) cleaned up. `resume`: `() -> position`, which puts the trainer where a resumed fit
         continues (`trainer.resumed`, a `ResumePlan`) once the schedulers are made; the position in its first epoch."""
+        _own_state(self)   # Accelerate's device and precision this trainer's (another's may be the process's)
         s, dl = self.state, self.train_loader
         s.n_batches = has_len(dl) or 0
         s.epochs, s.max_step = _fit_end(self, epochs, max_steps)
@@ -539,7 +542,9 @@ class Loop:
         return math.ceil(self.state.n_batches / self.grad_accum)
 
     @property
-    def device(self) -> torch.device: return self.accelerator.device
+    def device(self) -> torch.device:
+        "This trainer's device: Accelerate's when the trainer was made (another trainer's may be the process's now)."
+        return self._acc_state[0].get('device') or self.accelerator.device
 
     @property
     def is_main_process(self) -> bool: return self.accelerator.is_main_process
@@ -758,7 +763,7 @@ class _Plain:
     def __init__(self, t):
         acc = t.accelerator
         acc.gradient_accumulation_steps = t.grad_accum   # process-wide in Accelerate: set it per fit
-        _own_precision(t)   # and the mixed precision: this trainer's
+        _own_state(t)   # and the device and mixed precision: this trainer's
         plain = acc.scaler is None and acc.distributed_type in (DistributedType.NO, DistributedType.MULTI_CPU,
                                                                 DistributedType.MULTI_GPU)
         self.every_batch, self.one_process = t.grad_accum == 1, acc.num_processes == 1
@@ -1254,8 +1259,8 @@ def _run_eval(t, dl, keep_preds: bool, stream=()):
     per batch (torchmetrics with the process's own real samples, others with every process's)."""
     if dl is None: raise ValueError("No dataloader to evaluate on: pass one, or give the Trainer a valid_dl")
     if has_len(dl) == 0: raise ValueError("The evaluation dataloader yields no batches (is the dataset empty?)")
+    _own_state(t)   # (the device the batches go to, the precision `acc.autocast()` reads)
     acc, pdl, pre, pad = t.accelerator, t.prepared(dl), t.preprocess_preds, t.pad_index
-    _own_precision(t)   # (what `acc.autocast()` reads)
     own = [(n, m) for n, m in stream if _torchmetrics(m) is not None]
     every = [(n, m) for n, m in stream if _torchmetrics(m) is None]
     was_training = t.model.training
@@ -1406,6 +1411,8 @@ def _check_metrics(items):
         if n in RESERVED:
             raise ValueError(f"A metric can't be named {n!r}: the trainer reports its own {n!r} under that key")
 
+
+# %% ../nbs/00_base_loop.ipynb #7ef22977
 def _accelerator(accelerator, mixed_precision, grad_accum, cpu, log_with, project_dir) -> Accelerator:
     "The accelerator given (warning about the arguments it overrides), or a new one."
     if accelerator is not None:
@@ -1416,9 +1423,12 @@ def _accelerator(accelerator, mixed_precision, grad_accum, cpu, log_with, projec
                                 "(give them to your Accelerator instead)", TrainerWarning, stacklevel=4)
         return accelerator
     state = AcceleratorState._shared_state   # (the process-wide dict itself: Accelerate's state lives in it)
-    before = dict(state)
-    if before.get('_mixed_precision', mixed_precision) != mixed_precision and before.get('distributed_type') in _OWN:
-        AcceleratorState._reset_state()   # another trainer's precision: made anew (the processes, PartialState, kept)
+    before, partial = _acc_snapshot()
+    device = _other_device(before, cpu)
+    if device or (before.get('_mixed_precision', mixed_precision) != mixed_precision
+                  and before.get('distributed_type') in _OWN):
+        # another trainer's precision: made anew (the processes, PartialState, kept); its device (one process): both
+        AcceleratorState._reset_state(reset_partial_state=device)
     try:
         acc = Accelerator(mixed_precision=mixed_precision, gradient_accumulation_steps=grad_accum, cpu=cpu,
                           step_scheduler_with_optimizer=False, log_with=log_with, project_dir=project_dir)
@@ -1426,15 +1436,34 @@ def _accelerator(accelerator, mixed_precision, grad_accum, cpu, log_with, projec
             raise ValueError("mixed_precision='fp16' needs a GPU, and this trainer runs on the CPU: pass "
                              "mixed_precision='bf16' (mixed precision on the CPU) or 'no'")
     except BaseException:   # refused: the state as the trainers made before left it
-        state.clear()
-        state.update(before)
+        _restore(before, partial)
         raise
     return acc
 
 _OWN = (DistributedType.NO, DistributedType.MULTI_CPU, DistributedType.MULTI_GPU)   # where a precision is per trainer
 
-def _own_precision(t):
-    "Make Accelerate's process-wide mixed precision (which `autocast` reads) `t`'s own, where another trainer set it."
-    state = AcceleratorState._shared_state
+def _acc_snapshot() -> tuple[dict, dict]:
+    "Accelerate's process-wide state as it is: copies of `AcceleratorState`'s and `PartialState`'s shared dicts."
+    return dict(AcceleratorState._shared_state), dict(PartialState._shared_state)
+
+def _restore(state: dict, partial: dict):
+    "Put back a state `_acc_snapshot` took (in the shared dicts themselves: every Accelerate object reads them)."
+    for shared, kept in ((AcceleratorState._shared_state, state), (PartialState._shared_state, partial)):
+        shared.clear()
+        shared.update(kept)
+
+def _other_device(state: dict, cpu: bool) -> bool:
+    """Was one process's state made for the other side of `cpu=`? The CPU asked where its device is a GPU (Accelerate
+    refuses: "restart your runtime"), or not asked where it was made with `cpu=True` (it would stay on the CPU)."""
+    if state.get('distributed_type') != DistributedType.NO: return False   # (launched processes: theirs to decide)
+    cpu = cpu or parse_flag_from_env('ACCELERATE_USE_CPU')
+    return getattr(state.get('device'), 'type', 'cpu') != 'cpu' if cpu else bool(state.get('_cpu'))
+
+def _own_state(t):
+    """Make Accelerate's process-wide state `t`'s own where another trainer changed it: its device (a trainer on the
+    CPU beside one on a GPU, in one process), and its mixed precision (which `autocast` reads)."""
+    state, (own, partial) = AcceleratorState._shared_state, t._acc_state
+    if own and state.get('device') != own.get('device') and own.get('distributed_type') == DistributedType.NO:
+        _restore(own, partial)
     if state.get('_mixed_precision', t.mixed_precision) != t.mixed_precision and state.get('distributed_type') in _OWN:
         state['_mixed_precision'] = t.mixed_precision
