@@ -1412,7 +1412,7 @@ def _check_metrics(items):
             raise ValueError(f"A metric can't be named {n!r}: the trainer reports its own {n!r} under that key")
 
 
-# %% ../nbs/00_base_loop.ipynb #7ef22977
+# %% ../nbs/00_base_loop.ipynb #fa1e26e8
 def _accelerator(accelerator, mixed_precision, grad_accum, cpu, log_with, project_dir) -> Accelerator:
     "The accelerator given (warning about the arguments it overrides), or a new one."
     if accelerator is not None:
