@@ -762,8 +762,8 @@ class _Plain:
     attributes, and calls the functions bound here (`tests/test_loop_budget.py` keeps the count down)."""
     def __init__(self, t):
         acc = t.accelerator
-        acc.gradient_accumulation_steps = t.grad_accum   # process-wide in Accelerate: set it per fit
-        _own_state(t)   # and the device and mixed precision: this trainer's
+        acc.gradient_accumulation_steps = t.grad_accum   # process-wide in Accelerate: set it per fit (`_run` has
+        # put back this trainer's device and precision just before, see `_own_state`)
         plain = acc.scaler is None and acc.distributed_type in (DistributedType.NO, DistributedType.MULTI_CPU,
                                                                 DistributedType.MULTI_GPU)
         self.every_batch, self.one_process = t.grad_accum == 1, acc.num_processes == 1
