@@ -2,13 +2,14 @@
 and their ratio, interleaved; then, while a background fit trains, how long the main thread (the kernel's, which
 answers the user's cells) waits to run a trivial piece of Python.
 
-Run: `.venv/bin/python bench/background.py [--steps 3000] [--reps 5] [--threads N]`. Each repetition runs the two
+Run: `.venv/bin/python bench/background.py [--steps 3000] [--reps 5] [--threads N] [--hidden 256] [--bs 64] [--busy K]`. Each repetition runs the two
 contenders in turn, starting with the other one each time; the lines give the median and the range of the ratio.
-`--threads` sets torch's intra-op threads (default: torch's own choice, the number of cores) for both contenders. The
+`--threads` sets torch's intra-op threads (default: torch's own choice, the number of cores) for both contenders;
+`--busy K` runs K CPU-bound processes beside the whole measurement (a loaded machine). The
 browser's view of the same (a trivial cell's round trip while a background fit trains, from JupyterLab and Notebook 7)
 is printed by `tests/test_browser_background.py -s`.
 """
-import argparse, statistics, threading, time, warnings
+import argparse, contextlib, statistics, subprocess, sys, time, warnings
 import torch, torch.nn as nn, torch.nn.functional as F
 from torch.utils.data import DataLoader, TensorDataset
 
@@ -49,6 +50,16 @@ def main_thread_waits(steps, n=200, every=0.01):
     return waits
 
 
+@contextlib.contextmanager
+def busy(k):
+    "`k` CPU-bound processes for the block's length."
+    procs = [subprocess.Popen([sys.executable, '-c', 'while True: pass']) for _ in range(k)]
+    try: yield
+    finally:
+        for p in procs: p.kill()
+        for p in procs: p.wait()
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument('--steps', type=int, default=3000)
@@ -56,10 +67,15 @@ def main():
     ap.add_argument('--threads', type=int, default=None)
     ap.add_argument('--hidden', type=int, default=256)
     ap.add_argument('--bs', type=int, default=64)
+    ap.add_argument('--busy', type=int, default=0)
     a = ap.parse_args()
+    with busy(a.busy): measure(a)
+
+
+def measure(a):
     if a.threads: torch.set_num_threads(a.threads)
     print(f"torch threads: {torch.get_num_threads()}, {a.steps} steps a fit of an MLP 64-{a.hidden}-10, batches of {a.bs}, "
-          f"{a.reps} repetitions")
+          f"{a.reps} repetitions" + (f", beside {a.busy} CPU-bound processes" if a.busy else ""))
     fit_rate(300, False), fit_rate(300, True)   # warm-up
     ratios, fg, bg = [], [], []
     for r in range(a.reps):

@@ -279,3 +279,73 @@ def test_a_pause_counts_in_no_clock():
     assert r['wall'] <= outer - t.paused_seconds and r['data_wait'] < 0.5, (r, outer)
     assert prof.records[0]['data_wait'] < 0.9, prof.records   # (not skipped: the second, against 10 fast batches)
     assert prog.snapshot()['elapsed'] <= outer - t.paused_seconds
+
+
+# ---- one pool of threads: the kernel's idle team of torch threads let go while a fit trains beside it ----
+
+POOL_SETUP = """\
+import os, sys, threading, time
+sys.path.insert(0, {repo!r})
+import torch, torch.nn.functional as F
+from torch.utils.data import DataLoader, TensorDataset
+from trainer_nb.base import Hook
+from trainer_nb.background import release_thread_pool
+from trainer_nb.core import Trainer
+torch.set_num_threads(2)
+def n_threads(): return len(os.listdir('/proc/self/task'))
+def until(cond, seconds=60):
+    deadline = time.monotonic() + seconds
+    while not cond() and time.monotonic() < deadline: time.sleep(0.01)
+    return cond()
+class Gate(Hook):
+    "At iteration 2, after a parallel operation in the fit's thread (its team made), hold until `go`."
+    def __init__(self): self.reached, self.go = threading.Event(), threading.Event()
+    def after_batch(self):
+        if self.trainer.state.iteration == 2:
+            torch.ones(2000, 2000).sum()
+            self.reached.set()
+            self.go.wait()
+x = torch.randn(64, 8)
+gate = Gate()
+t = Trainer(torch.nn.Linear(8, 8), DataLoader(TensorDataset(x, x), batch_size=16), loss_func=F.mse_loss,
+            default_hooks=False, hooks=[gate])
+"""
+
+
+def pool_script(body: str) -> str:
+    return POOL_SETUP.format(repo=str(REPO)) + body
+
+
+@pytest.mark.skipif(not sys.platform.startswith('linux'), reason='counts the threads in /proc')
+def test_starting_a_background_fit_lets_the_starters_torch_threads_go():
+    """The thread that starts a background fit (the kernel's) lets its idle team of torch threads go, so that the fit's
+    team is the only one (libgomp then keeps spinning between parallel regions: the foreground's speed). Counted as the
+    process's threads while the fit holds: the fit's thread and its one extra team thread in, the starter's out."""
+    p = subprocess.run([sys.executable, '-c', pool_script("""
+if not release_thread_pool(): print('NO GOMP'); sys.exit(0)
+torch.ones(2000, 2000).sum()   # the main thread's team of 2: one more thread
+before = n_threads()
+t.fit(1, lr=1e-2, background=True)
+assert gate.reached.wait(60)
+print('LET GO', until(lambda: n_threads() == before + 1), before, n_threads())
+gate.go.set()
+t.wait()
+""")], capture_output=True, text=True, timeout=300)
+    assert p.returncode == 0, p.stderr
+    if 'NO GOMP' in p.stdout: pytest.skip("torch does not run on libgomp here")
+    assert 'LET GO True' in p.stdout, p.stdout
+
+
+@pytest.mark.skipif(not sys.platform.startswith('linux'), reason='counts the threads in /proc')
+def test_a_cell_that_runs_torch_beside_a_background_fit_lets_its_threads_go_after(tmp_path, monkeypatch):
+    """In a real kernel: a cell that runs torch work while a fit trains in the background wakes the kernel's team of
+    threads; when the cell ends it is let go again (IPython's post_run_cell), and the fit keeps the cores."""
+    from test_browser import run_nbclient
+    nb = run_nbclient(tmp_path, monkeypatch, [
+        pool_script("gomp = release_thread_pool()\nt.fit(1, lr=1e-2, background=True)\nassert gate.reached.wait(60)"),
+        "torch.ones(2000, 2000).sum()\nduring = n_threads()",
+        "print('GOMP', gomp, 'LET GO', until(lambda: n_threads() == during - 1), during, n_threads())\n"
+        "gate.go.set()\nt.wait()\nprint('DONE', t.state.iteration)"])
+    text = ''.join(o.get('text', '') for c in nb.cells for o in c.get('outputs', []))
+    if 'GOMP False' in text: pytest.skip("torch does not run on libgomp here")
+    assert 'GOMP True LET GO True' in text and 'DONE 4' in text, text

@@ -4,11 +4,11 @@
 
 # %% ../nbs/20_background.ipynb #45db4a0d
 from __future__ import annotations
-import contextlib, contextvars, math, sys, threading, time, traceback
+import contextlib, contextvars, ctypes, functools, math, sys, threading, time, traceback
 
 # %% auto #0
 __all__ = ['Pause', 'Change', 'scale_lr', 'set_weight_decay', 'take_requests', 'release_requests', 'ask_changes', 'wait_held',
-           'FitView', 'ThreadStreams', 'route_streams', 'worker_threads', 'BackgroundFit']
+           'FitView', 'ThreadStreams', 'route_streams', 'release_thread_pool', 'worker_threads', 'BackgroundFit']
 
 # %% ../nbs/20_background.ipynb #5a48c25d
 import torch
@@ -24,7 +24,10 @@ class Pause:
         self.seconds = 0.
 
     def end(self):
-        "Let the fit go on; return when it has taken over again (at once if it never held here)."
+        """Let the fit go on; return when it has taken over again (at once if it never held here). What the asker did in
+        the pause (evaluate, look at tensors) woke its thread's pool of torch threads: it is let go first
+        (`release_thread_pool`), so that the fit goes on at its own speed."""
+        if self.reached.is_set(): release_thread_pool()
         self.release.set()
         if self.reached.is_set(): self.left.wait()
 
@@ -252,6 +255,40 @@ def route_streams(view):
         if _ROUTES and not isinstance(s, ThreadStreams): setattr(sys, name, ThreadStreams(s, name))
         elif not _ROUTES and isinstance(s, ThreadStreams): setattr(sys, name, s.stream)
 
+# %% ../nbs/20_background.ipynb #7a0fd481
+_OMP_PAUSE_SOFT = 1   # OpenMP 5.0's omp_pause_soft: let the calling thread's idle team go, to be made anew when needed
+_LIVE = set()         # the background calls running in this process (`BackgroundFit`)
+
+@functools.cache
+def _gomp_pause():
+    "`omp_pause_resource_all` of the GNU OpenMP runtime torch runs on in this process (Linux), or None."
+    if not torch.backends.openmp.is_available(): return None
+    try:
+        with open('/proc/self/maps') as f: paths = sorted({ln.split()[-1] for ln in f if '/libgomp' in ln})
+    except OSError: return None
+    for p in paths:
+        with contextlib.suppress(OSError):
+            f = getattr(ctypes.CDLL(p), 'omp_pause_resource_all', None)
+            if f is not None: return f
+    return None
+
+def release_thread_pool() -> bool:
+    """Let the calling thread's idle team of torch (OpenMP) threads go, so that a fit in another thread has the cores
+    to itself at full speed; torch makes the team anew at this thread's next parallel operation. Returns whether the
+    runtime did (False where torch does not run on libgomp, or the thread is inside a parallel region)."""
+    f = _gomp_pause()
+    return f is not None and f(_OMP_PAUSE_SOFT) == 0
+
+def _after_cell(result=None):
+    "After each notebook cell, while a background call runs: let the cell's threads go again (`release_thread_pool`)."
+    if _LIVE: release_thread_pool()
+
+def _watch_cells():
+    "Call `_after_cell` after each cell of this IPython kernel (once; outside IPython, nothing)."
+    ip = getattr(sys.modules.get('IPython'), 'get_ipython', lambda: None)()
+    if ip is not None and _after_cell not in ip.events.callbacks['post_run_cell']:
+        ip.events.register('post_run_cell', _after_cell)
+
 # %% ../nbs/20_background.ipynb #c53651df
 def _outcome(e: BaseException | None) -> str:
     if e is None: return 'done'
@@ -264,10 +301,8 @@ def worker_threads() -> int:
     holds per thread: a new thread would start from torch's default, not from what the notebook set). Not fewer, to
     spare a core for the kernel: the count decides how reductions are split, so another count would change the fit's
     numbers (a sum of 4M floats differs in its last bits between 1 and 2 threads), and a background fit must end with
-    the very numbers of the same fit in the foreground. That costs speed on the CPU: two threads each with its team of
-    OpenMP threads (the kernel's, idle, and the fit's) make OpenMP wait for work less eagerly; on a 2-core machine a
-    small MLP's background fit ran at 0.43x of the same fit in a fresh foreground, a compute-bound one at 0.59x
-    (`bench/background.py`), and a foreground fit after it as slowly."""
+    the very numbers of the same fit in the foreground. The speed that two pools of threads would cost is kept by
+    `release_thread_pool` (see "One pool of threads")."""
     return torch.get_num_threads()
 
 # %% ../nbs/20_background.ipynb #cc5e73d3
@@ -280,6 +315,9 @@ class BackgroundFit:
         self.view = FitView(t) if detect_mode() == 'widget' else None
         ctx = contextvars.copy_context()   # (the calling cell's: what the thread prints is routed as from that cell)
         self.thread = threading.Thread(target=ctx.run, args=(self._run, call), name=f'trainer_nb {what}', daemon=True)
+        _LIVE.add(self)
+        _watch_cells()
+        release_thread_pool()   # (this thread's idle team: the fit's own is then the only one; see above)
         self.thread.start()
 
     def _run(self, call):
@@ -300,6 +338,7 @@ class BackgroundFit:
             if v is not None: route_streams(None)
             release_requests(self.trainer)
             if v is not None: v.say(_outcome(self.error), done=True)
+            _LIVE.discard(self)
             self.done.set()
 
     def add(self, obj) -> _Part:
