@@ -260,7 +260,7 @@ def test_the_fits_thread_uses_the_notebooks_thread_count():
 
 
 def test_a_pause_counts_in_no_clock():
-    """Timing's, Profiler's and Progress's clocks skip a pause (`paused_for`): held a second at step 5 of a fit whose
+    """Timing's, Profiler's and Progress's clocks skip a pause (`after_pause`): held a second at step 5 of a fit whose
     loader never waits that long, none of them shows the second as data wait or wall time."""
     import io, time
     from trainer_nb.hooks import Profiler, Timing

@@ -11,6 +11,7 @@ import pytest
 import torch
 
 from conftest import REPO, flat
+from trainer_nb.control import Pause
 from trainer_nb.core import (EVENTS, CancelEpoch, CancelFit, CancelBatch, Hook, MainProcessHook, PrintMetrics,
                              Trainer)
 
@@ -65,7 +66,41 @@ def test_every_listed_event_is_called(make_trainer):
     t.add_hooks(RaiseAt('after_batch', CancelFit))
     t.fit(1)
     assert rec.log == ['before_fit', 'before_epoch', *BATCH_EVENTS, 'after_cancel', 'after_fit']
+    fired |= set(rec.log)
+    rec.log.clear()
+    t.remove_hooks(RaiseAt)
+    t.add_hooks(Ask())   # a change and a pause asked at the first batch: heard at the step boundary after it
+    t.fit(1)
+    assert rec.log == ['before_fit', 'before_epoch', *BATCH_EVENTS, 'after_change', 'after_pause', *BATCH_EVENTS * 2,
+                       'before_valid', 'after_valid', 'after_epoch', 'after_fit']
     assert fired | set(rec.log) == set(t.describe_hooks().index) == set(EVENTS)
+
+
+@pytest.mark.parametrize('event', ['after_change', 'after_pause'])
+@pytest.mark.parametrize('exc', [CancelBatch, CancelEpoch, CancelFit])
+def test_cancel_when_hearing_a_request(make_trainer, event, exc):
+    "Between two batches only CancelFit has a meaning: it stops the fit there; the other two are errors saying so."
+    rec = Recorder(order=1)
+    t = make_trainer(n=12, bs=4, valid=8, hooks=[Ask(), RaiseAt(event, exc), rec])
+    if exc is CancelFit: t.fit(1)
+    else:
+        with pytest.raises(RuntimeError, match=rf"^{exc.__name__} raised by hook RaiseAt at event '{event}', where it "
+                                               "has no meaning: it comes between two batches"):
+            t.fit(1)
+    heard = [] if event == 'after_change' else ['after_change']   # (the raising event's later hooks skipped)
+    assert rec.log == ['before_fit', 'before_epoch', *BATCH_EVENTS, *heard, 'after_cancel', 'after_fit']
+    assert t.state.iteration == 1 and len(t.changes) == 1
+
+
+class Ask(Hook):
+    "At the first batch of a fit, asks it (as another thread would) for a new LR and a pause already let go."
+    order = 50
+    def after_batch(self):
+        if self.trainer.state.batch == 0:
+            self.trainer.set(lr=self.trainer.lr / 2)
+            p = Pause()
+            p.release.set()
+            self.trainer._ask(p)
 
 
 def test_train_step_path_fires_batch_events(make_trainer):
@@ -171,7 +206,8 @@ def _expected(event, exc):
 
 
 @pytest.mark.parametrize('exc', [CancelBatch, CancelEpoch, CancelFit])
-@pytest.mark.parametrize('event', [e for e in EVENTS if e not in ('after_cancel', 'after_fit')])
+@pytest.mark.parametrize('event', [e for e in EVENTS if e not in ('after_cancel', 'after_fit', 'after_change',
+                                                           'after_pause')])   # (those two: below)
 def test_cancel_at_every_event(make_trainer, event, exc):
     "Each (event, exception) pair does what the table says; none escapes fit bare; the trainer stays usable."
     rec = Recorder(order=1)

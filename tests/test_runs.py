@@ -274,3 +274,59 @@ def test_every_seconds_changed_during_a_fit_counts_from_the_next_step(tmp_path):
     trainer([Ask(), Read()], rr=rr).fit(1)   # 6 steps
     assert seen == {1: 0, 2: 0, 3: 3, 4: 4, 5: 5, 6: 6}   # (before: the file of before_fit, written at step 0)
     with pytest.raises(ValueError, match='every_seconds must be a number >= 0'): rr.every_seconds = -1
+
+
+# ---- what happened to a run: the settings changed by hand, and who ended it ----
+
+class SetAt(Hook):
+    "At step `at`, asks the fit for a new LR from its own thread, as the view's LR box does from another."
+    def __init__(self, at, lr): self.at, self.lr = at, lr
+    def after_step(self):
+        if self.trainer.state.step == self.at: self.trainer.set(lr=self.lr)
+
+
+@pytest.mark.parametrize('where', ['foreground', 'background'])
+def test_a_run_changed_by_hand_says_so_in_its_record_runs_and_compare(tmp_path, where):
+    """The record (in memory and in record.json) holds each change (step, name, old, new); `runs()` shows it in a
+    `changes` column, and a compared run of the same config is labelled as changed, not taken for the plain one."""
+    plain = trainer(rr=RunRecorder(tmp_path / 'plain'))
+    plain.fit(2)
+    t = trainer([SetAt(4, 0.0125)], rr=RunRecorder(tmp_path / 'by-hand'))
+    if where == 'background':
+        t.fit(2, background=True)
+        t.wait()
+    else: t.fit(2)
+    want = [(4, 'lr', 0.05, 0.0125)]
+    rec = t.get_hook(RunRecorder).record
+    on_disk = json.loads((tmp_path / 'by-hand' / RECORD).read_text())
+    for r in (rec, on_disk): assert [(c['step'], c['name'], c['old'], c['new']) for c in r['changes']] == want
+    assert t.changes[-1]['step'] == 4 and plain.get_hook(RunRecorder).record['changes'] == []
+    df = runs(tmp_path, kernel=False).set_index('name')
+    assert df.loc['by-hand', 'changes'] == 'lr 0.05 -> 0.0125 at 4' and df.loc['plain', 'changes'] == ''
+    labels = repr(compare(tmp_path / 'plain', tmp_path / 'by-hand')).removeprefix('RunComparison(')
+    assert labels == 'plain, by-hand, by hand: lr -> 0.0125 at 4)', labels
+
+
+@pytest.mark.parametrize('how, status', [('done', 'done'), ('stop', 'stopped'), ('hook', 'cancelled'),
+                                         ('early', 'early-stopped'), ('own', 'pruned'), ('error', 'error')])
+def test_the_status_says_who_ended_the_run(how, status):
+    """done; stopped by the user (`stop()`: the Stop button's way); cancelled by a hook (`CancelFit`); early-stopped
+    (`EarlyStopping`); a hook's own word (`CancelFit(status=)`, as a search's pruner says 'pruned'); an error."""
+    from trainer_nb.base import CancelFit
+    from trainer_nb.monitor import EarlyStopping
+
+    class EndAt(Hook):
+        def after_step(self):
+            if self.trainer.state.step != 8: return
+            if how == 'stop': self.trainer.stop()
+            if how == 'hook': raise CancelFit('enough')
+            if how == 'own': raise CancelFit('a bad trial', status='pruned')
+            if how == 'error': raise ZeroDivisionError('in a hook')
+    hooks = [EarlyStopping(patience=1, min_delta=1e9)] if how == 'early' else [EndAt()]
+    t = trainer(hooks)
+    try: t.fit(4)
+    except (KeyboardInterrupt, ZeroDivisionError): pass
+    rec = t.get_hook(RunRecorder).record
+    assert rec['status'] == status, (rec['status'], rec['message'])
+    assert rec['steps'] == {'done': 24, 'early': 12}.get(how, 8)
+    if how != 'done': assert rec['events'][-1]['kind'] == status

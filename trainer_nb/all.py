@@ -7,6 +7,7 @@ __all__ = []
 
 # %% ../nbs/09_all.ipynb #0c038747
 from .base import *
+from .control import *
 from .loop import *
 from .core import *
 from .recorder import *

@@ -4,153 +4,14 @@
 
 # %% ../nbs/20_background.ipynb #45db4a0d
 from __future__ import annotations
-import contextlib, contextvars, ctypes, functools, math, sys, threading, time, traceback
+import contextlib, contextvars, ctypes, functools, sys, threading, traceback
 
 # %% auto #0
-__all__ = ['Pause', 'Change', 'scale_lr', 'set_weight_decay', 'take_requests', 'release_requests', 'ask_changes', 'wait_held',
-           'FitView', 'ThreadStreams', 'route_streams', 'release_thread_pool', 'worker_threads', 'BackgroundFit']
+__all__ = ['FitView', 'ThreadStreams', 'route_streams', 'release_thread_pool', 'worker_threads', 'BackgroundFit']
 
 # %% ../nbs/20_background.ipynb #5a48c25d
 import torch
-from .base import MainProcessHook, rng_state, set_rng_state
 from .progress import detect_mode, view_box
-
-# %% ../nbs/20_background.ipynb #a509cbad
-class Pause:
-    """A pause asked of a running fit: `reached` when the loop holds at a step boundary, `release` to let it go on,
-    `left` when it has (the fit's state put back)."""
-    def __init__(self):
-        self.reached, self.release, self.left = threading.Event(), threading.Event(), threading.Event()
-        self.seconds = 0.
-
-    def end(self):
-        """Let the fit go on; return when it has taken over again (at once if it never held here). What the asker did in
-        the pause (evaluate, look at tensors) woke its thread's pool of torch threads: it is let go first
-        (`release_thread_pool`), so that the fit goes on at its own speed."""
-        if self.reached.is_set(): release_thread_pool()
-        self.release.set()
-        if self.reached.is_set(): self.left.wait()
-
-class Change:
-    "A change of a hyperparameter asked of a running fit (`name`: 'lr' or 'weight_decay'), applied at a step boundary."
-    def __init__(self, name: str, value: float):
-        self.name, self.value, self.applied = name, float(value), threading.Event()
-
-# %% ../nbs/20_background.ipynb #e210008e
-def _scale_schedule(obj, c: float):
-    "Multiply every learning rate a scheduler holds (its own and its parts') by `c`: the schedule keeps its shape."
-    for k in ('base_lrs', '_last_lr', 'min_lrs'):
-        v = getattr(obj, k, None)
-        if isinstance(v, list): setattr(obj, k, [x * c for x in v])
-    if isinstance(getattr(obj, 'eta_min', None), (int, float)): obj.eta_min *= c
-    for part in getattr(obj, '_schedulers', ()): _scale_schedule(part, c)
-
-def scale_lr(t, new: float) -> tuple[float, float]:
-    """Set the running fit's learning rate to `new` now: the fastest group's rate becomes `new`, every other group's and
-    the schedule's values (base, peak and floor rates) scale with it. Returns `(old, new)`."""
-    if not (isinstance(new, (int, float)) and math.isfinite(new) and new > 0):
-        raise ValueError(f"lr must be a positive number, got {new!r}")
-    groups = [g for o in t.optimizers.values() for g in o.param_groups]
-    now = max(g['lr'] for g in groups)
-    c = new / (now if now > 0 else t.lr)
-    for g in groups:
-        fastest = g['lr'] == now
-        for k in ('lr', 'initial_lr', 'max_lr', 'min_lr'):
-            if isinstance(g.get(k), (int, float)): g[k] *= c
-        if fastest: g['lr'] = float(new)   # the rate asked, to the last bit (not `now * new / now`)
-    for sched in t.schedulers.values(): _scale_schedule(sched, c)
-    t._lrs = [x * c for x in t._lrs]
-    return now, float(new)
-
-def set_weight_decay(t, new: float) -> tuple[float, float]:
-    "Set the weight decay of every parameter group that decays (a group at 0 stays at 0). Returns `(old, new)`."
-    if not (isinstance(new, (int, float)) and math.isfinite(new) and new >= 0):
-        raise ValueError(f"weight_decay must be a number >= 0, got {new!r}")
-    groups = [g for o in t.optimizers.values() for g in o.param_groups if 'weight_decay' in g]
-    if not groups: raise ValueError("The optimizer has no weight_decay to set")
-    old = max(g['weight_decay'] for g in groups)
-    for g in groups:
-        if g['weight_decay'] or old == 0: g['weight_decay'] = float(new)
-    return old, float(new)
-
-# %% ../nbs/20_background.ipynb #e794ee2c
-def _notify(t, method: str, *args):
-    "Call `method(*args)` of each hook that has one (what hooks may learn of a change or a pause; not a loop event)."
-    main = t.is_main_process
-    for h in list(t.hooks):
-        if not main and isinstance(h, MainProcessHook): continue
-        f = getattr(h, method, None)
-        if f is not None: f(*args)
-
-def _say(t, text: str, lr: float | None = None):
-    "Show `text` as the status of the running background fit's view (and `lr` in its box), if it has one."
-    bg = t.background
-    if bg is not None and bg.view is not None and not bg.done.is_set(): bg.view.say(text, lr=lr)
-
-def _apply(t, c: Change):
-    "Apply a change at this step boundary and record it: `trainer.changes`, then the hooks that keep records."
-    s = t.state
-    old, new = (scale_lr if c.name == 'lr' else set_weight_decay)(t, c.value)
-    rec = {'step': s.step, 'iteration': s.iteration, 'epoch': s.epoch + 1, 'name': c.name, 'old': old, 'new': new}
-    t.changes.append(rec)
-    _notify(t, 'changed', rec)
-    c.applied.set()
-    _say(t, f"{c.name} {old:.3g} &rarr; {new:.3g} at step {s.step}", lr=new if c.name == 'lr' else None)
-
-def _hold(t, p: Pause):
-    """Hold the fit here until `p` is released. What other threads may do meanwhile (evaluate, iterate a loader, draw
-    random numbers) does not change the fit: the model's mode, the phase and every random generator are put back."""
-    rng, training, phase, t0 = rng_state(t.train_loader), t.model.training, t.phase, time.perf_counter()
-    t.held = p
-    _say(t, f"paused at step {t.state.step}")
-    p.reached.set()
-    try: p.release.wait()
-    finally:
-        t.held = None
-        set_rng_state(rng, t.train_loader)
-        t.model.train(training)
-        t.phase = phase
-        p.seconds = time.perf_counter() - t0
-        t.paused_seconds += p.seconds
-        p.left.set()
-        _notify(t, 'paused_for', p.seconds)
-        _say(t, f"running (paused {p.seconds:.1f} s at step {t.state.step})")
-
-def take_requests(t):
-    "At a step boundary of the running fit, in its own thread: apply each change asked, hold for each pause asked."
-    while t.requests:
-        r = t.requests.pop(0)
-        if isinstance(r, Pause): _hold(t, r)
-        else: _apply(t, r)
-
-def release_requests(t):
-    "The fit ended: let whoever waits on a request that it will never take go on (a pause not reached, a change)."
-    while t.requests:
-        r = t.requests.pop(0)
-        if isinstance(r, Pause):
-            r.reached.set()
-            r.left.set()
-        else: r.applied.set()
-
-# %% ../nbs/20_background.ipynb #84f1c220
-def ask_changes(t, lr, weight_decay) -> list:
-    """The `Change`s that `Trainer.set` asks of the running fit; with no fit running, the values are set on the trainer
-    at once (the base LR of the next fit; the weight decay of its optimizer) and the list is empty."""
-    if lr is None and weight_decay is None: raise ValueError("set() needs lr= and/or weight_decay=")
-    if lr is not None and not (isinstance(lr, (int, float)) and math.isfinite(lr) and lr > 0):
-        raise ValueError(f"lr must be a positive number, got {lr!r}")
-    if weight_decay is not None and not (isinstance(weight_decay, (int, float)) and weight_decay >= 0):
-        raise ValueError(f"weight_decay must be a number >= 0, got {weight_decay!r}")
-    if not t.running:
-        if lr is not None: t.lr = lr
-        if weight_decay is not None: set_weight_decay(t, weight_decay)
-        return []
-    return [Change(n, v) for n, v in (('lr', lr), ('weight_decay', weight_decay)) if v is not None]
-
-def wait_held(t, p: Pause):
-    "Wait until the running fit holds at `p` (or ends: then there is nothing to hold)."
-    while not p.reached.wait(0.05):
-        if not t.running: return
 
 # %% ../nbs/20_background.ipynb #5bca10a6
 _FIT_CSS = ("<style>.trainer-nb-fit .tnb-status{margin-left:.8em;color:var(--jp-ui-font-color2,#555)}"
@@ -316,6 +177,7 @@ class BackgroundFit:
         ctx = contextvars.copy_context()   # (the calling cell's: what the thread prints is routed as from that cell)
         self.thread = threading.Thread(target=ctx.run, args=(self._run, call), name=f'trainer_nb {what}', daemon=True)
         _LIVE.add(self)
+        t.control.tell = self._tell   # (what the loop says of a pause or a change: the view's status line)
         _watch_cells()
         release_thread_pool()   # (this thread's idle team: the fit's own is then the only one; see above)
         self.thread.start()
@@ -336,10 +198,15 @@ class BackgroundFit:
         finally:
             if token is not None: view_box.reset(token)
             if v is not None: route_streams(None)
-            release_requests(self.trainer)
+            self.trainer.control.release()
+            if self.trainer.control.tell == self._tell: self.trainer.control.tell = None
             if v is not None: v.say(_outcome(self.error), done=True)
             _LIVE.discard(self)
             self.done.set()
+
+    def _tell(self, text: str, lr: float | None = None):
+        "Show `text` as the running fit's status in its current view (and `lr` in its box), if it has one."
+        if self.view is not None and not self.done.is_set(): self.view.say(text, lr=lr)
 
     def add(self, obj) -> _Part:
         "Show `obj` (a hook's view: a widget, or anything IPython displays) in the fit's current view."

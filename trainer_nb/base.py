@@ -23,8 +23,8 @@ from accelerate.utils import find_batch_size
 
 # %% ../nbs/00_base.ipynb #bfad1d1e
 EVENTS = ('before_fit', 'before_epoch', 'before_batch', 'after_pred', 'after_loss', 'after_backward',
-          'before_step', 'after_step', 'after_batch', 'before_valid', 'after_valid', 'after_epoch',
-          'after_cancel', 'after_fit')
+          'before_step', 'after_step', 'after_batch', 'after_change', 'after_pause', 'before_valid', 'after_valid',
+          'after_epoch', 'after_cancel', 'after_fit')
 BATCH_EVENTS = EVENTS[2:9]   # the events of one training batch
 
 class CancelBatch(Exception):
@@ -32,12 +32,16 @@ class CancelBatch(Exception):
 class CancelEpoch(Exception):
     "Raise in an event of an epoch (`before_epoch` ... `after_epoch`) to end what is left of it; see the table above."
 class CancelFit(Exception):
-    "Raise in a hook to stop training cleanly: `after_cancel` and `after_fit` run, `fit` returns normally."
+    """Raise in a hook to stop training cleanly: `after_cancel` and `after_fit` run, `fit` returns normally. `status`:
+    who ended the run, as its record says it ('cancelled': a hook; `EarlyStopping` says 'early-stopped')."""
+    def __init__(self, *args, status: str = 'cancelled'):
+        super().__init__(*args)
+        self.status = status
 
 CANCELS = (CancelBatch, CancelEpoch, CancelFit)
 _ALLOWED = {e: CANCELS if e in BATCH_EVENTS else                  # the cancel exceptions each event may raise
                (CancelEpoch, CancelFit) if e in ('before_epoch', 'before_valid', 'after_valid', 'after_epoch') else
-               (CancelFit,) if e == 'before_fit' else () for e in EVENTS}
+               (CancelFit,) if e in ('before_fit', 'after_change', 'after_pause') else () for e in EVENTS}
 
 # %% ../nbs/00_base.ipynb #2320929a
 def annotate(e: BaseException, msg: str):
@@ -49,6 +53,8 @@ def _misplaced(e: Exception, hook: str, event: str) -> RuntimeError:
     where = {CancelBatch: "it drops a batch, so it belongs to the batch events " + ', '.join(BATCH_EVENTS),
              CancelEpoch: "it ends an epoch, so it belongs to the events from before_epoch to after_epoch"}
     why = ("the fit is already stopping" if event in ('after_cancel', 'after_fit') else
+           "it comes between two batches, where only CancelFit (stop the fit) has a meaning"
+           if event in ('after_change', 'after_pause') else
            next(w for c, w in where.items() if isinstance(e, c)) + "; raise CancelFit to stop training")
     err = RuntimeError(f"{type(e).__name__} raised by hook {hook} at event {event!r}, where it has no meaning: {why}")
     err.__cause__ = e

@@ -756,7 +756,7 @@ class Checkpoint(Hook):
         if t.is_main_process: self.run.rotate(self.keep_last, keep=[self.best_name])
         return path
 
-    def changed(self, change: dict):
+    def after_change(self):
         """A change of the running fit (`Trainer.set`, at a step boundary): saved at once, so that a resume after a
         crash holds it (at an epoch's last batch, the epoch's own checkpoint follows when one is due)."""
         s = self.trainer.state

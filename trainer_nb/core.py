@@ -30,7 +30,8 @@ from .checkpoint import checkpoint_hooks, close_runs, resume_plan
 from .lr_find import lr_find
 from .trackers import Trackers
 from .runs import RunRecorder
-from .background import BackgroundFit, Pause, ask_changes, take_requests, wait_held
+from .background import BackgroundFit, release_thread_pool
+from .control import Pause, ask_changes, wait_held
 from .adapters import adapter_hooks, merge_adapters
 from .workflow import (fine_tune, freeze, group_lrs, largest_batch_size, model_summary, quick_fit, split, unfreeze)
 
@@ -45,11 +46,11 @@ def _start_background(t, what: str, call):
     t._check_free(f'start {what}' if what != 'lr_find' else 'start lr_find')
     if t.fitting: raise RuntimeError(f"Can't start {what} in the background from inside a fit")
     t._check_alone()
-    t._stop_asked, t._asked, t.requests, t._keep_asks = False, False, [], True
+    t.control.keep()   # (what is asked from here on is for the call's fit)
 
     def run():
         try: return call()
-        finally: t._keep_asks = False   # (the call may end before any fit began)
+        finally: t.control.kept = False   # (the call may end before any fit began)
     t.background = BackgroundFit(t, run, what)
 
 def _background_door(f):
@@ -116,9 +117,9 @@ class Trainer(Loop):
         self.manual = manual
         self.scheduler_func = scheduler
         self.model, self.optimizers = _prepare_optimizers(self.accelerator, model, opt_func, optimizers, lr, compile)
-        self._lrs = _base_lrs(self.opt)   # the base LR of each group (`lr`, `lrs`), its `lr_scale` applied
         self.train_dl, self.valid_dl = train_dl, valid_dl
         self._init_loop()   # the loop's own state: counters, loss log, hooks (see `trainer_nb.loop`)
+        self.lrs = _base_lrs(self.opt)   # the base LR of each group (`lr`, `lrs`), its `lr_scale` applied
         self.config = None   # the config that rebuilds this trainer, when `trainer_nb.registry` made it
         self.add_hooks(*(type(self).default_hooks if default_hooks else ()), *hooks,
                        *([CompileTimer] if compile else []))
@@ -158,13 +159,13 @@ class Trainer(Loop):
     def lr(self) -> float:
         """The base learning rate: the fastest parameter group's (the others keep their ratio to it). Set it to a
         number, or to one per group: a list or `slice(lo, hi)` (see `split`)."""
-        return max(self._lrs)
+        return max(self.lrs)
     @lr.setter
     def lr(self, lr):
-        groups = self.opt.param_groups
-        now = self._lrs if len(self._lrs) == len(groups) else [max(self._lrs)] * len(groups)   # (after `split`)
-        self._lrs = group_lrs(lr, now)
-        for g, b in zip(groups, self._lrs): g['lr'] = b
+        groups, now = self.opt.param_groups, self.lrs
+        if len(now) != len(groups): now = [max(now)] * len(groups)   # (after `split`)
+        self.lrs = group_lrs(lr, now)
+        for g, b in zip(groups, self.lrs): g['lr'] = b
 
     @property
     def history(self):
@@ -187,7 +188,6 @@ class Trainer(Loop):
         return _non_finite_at(self, batch, what)
 
     _grads_finite = staticmethod(grads_finite)
-    _serve_requests = take_requests   # (a step boundary: the changes and pauses other threads asked for)
 
     # ---- the features, one line each ----
     @_background_door
@@ -315,13 +315,15 @@ class Trainer(Loop):
             self._ask(p)
             wait_held(self, p)
         try: yield self
-        finally: p.end()
+        finally:
+            if p.reached.is_set(): release_thread_pool()   # (what the block ran woke this thread's torch threads)
+            p.end()
 
-    def set(self, lr: float | None = None, weight_decay: float | None = None):
+    def set(self, lr: float | None = None, weight_decay: float | None = None, **more):
         """Change the learning rate (the fastest group's; the others and the schedule scale with it) and/or the weight
         decay of the running fit, from its next optimizer step on, recorded in `changes`; with no fit running, the
-        trainer's base `lr` (and weight decay). Returns at once."""
-        for c in ask_changes(self, lr, weight_decay): self._ask(c)
+        trainer's base `lr` (and weight decay). Returns at once. `more`: any other setting in `control.SETTERS`."""
+        for c in ask_changes(self, lr=lr, weight_decay=weight_decay, **more): self._ask(c)
 
     def attach(self):
         "Show the background fit's live view (running, or the last one's record) again here, with everything so far."

@@ -162,8 +162,9 @@ class Profiler(Hook):
         self._t_end = now
         self._n += 1
 
-    def paused_for(self, seconds: float):
-        "The fit was held (`Trainer.paused`) for `seconds`: they count neither as data wait nor in the epoch's time."
+    def after_pause(self):
+        "The fit was held (`Trainer.paused`): the time held counts neither as data wait nor in the epoch's time."
+        seconds = self.trainer.control.last_pause.seconds
         self._t0, self._t_end = self._t0 + seconds, self._t_end + seconds
 
     def after_epoch(self):
@@ -227,8 +228,9 @@ class Timing(Hook):
     def after_valid(self): self._add('validation')
     def after_epoch(self): self._read_events()
 
-    def paused_for(self, seconds: float):
-        "The fit was held (`Trainer.paused`) for `seconds`: they count in no part, nor in the wall time."
+    def after_pause(self):
+        "The fit was held (`Trainer.paused`): the time held counts in no part, nor in the wall time."
+        seconds = self.trainer.control.last_pause.seconds
         if self._t0 is not None: self._t0, self._mark = self._t0 + seconds, self._mark + seconds
 
     def after_fit(self):

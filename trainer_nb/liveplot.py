@@ -15,7 +15,7 @@ import numpy as np
 from .base import MainProcessHook, TrainerWarning, name_of, smooth
 from .progress import VIEWS, auto_beta, detect_mode, display_handle, open_view, resolve_mode
 from .recorder import Binned, Recorder, static_bundle, tick_label
-from .runs import find_run
+from .runs import changes_text, find_run
 from .inside import LayerStats
 
 # %% ../nbs/04_liveplot.ipynb #40f59cc0
@@ -645,7 +645,8 @@ class LivePlot(MainProcessHook):
         "`(label, series)` of the run `compare` names, smoothed as the fit's own curves (None: no `compare`)."
         if self.compare is None: return None
         rec = find_run(self.compare)
-        return (f"baseline: {rec.get('name') or '?'}",
+        hand = changes_text(rec, short=True)
+        return (f"baseline: {rec.get('name') or '?'}" + (f" (by hand: {hand})" if hand else ''),
                 baseline_series(rec, self._beta(), self.metric_names, self._valid_names()))
 
     def _valid_names(self) -> list[str]:

@@ -20,6 +20,7 @@ from accelerate.utils import (DistributedType, concatenate, find_device, honor_t
 from accelerate.utils.memory import clear_device_cache
 
 # %% ../nbs/00_base_loop.ipynb #36d0931d
+from .control import Control
 from .base import (EVENTS, CancelBatch, CancelEpoch, CancelFit, EventCalls, Hook, LoopState, LossLog,
                              LoggedValues, NonFiniteError, RESERVED, ResumePlan, TrainerWarning, annotate, batch_size,
                              check_idle, has_len, hooks_of, name_of, rng_state, set_rng_state, to_cpu, unknown_events)
@@ -33,17 +34,14 @@ class Loop:
     # what the features give the loop, set by `trainer_nb.core.Trainer` (the loop imports none of them)
     _non_finite_here = None   # `(batch, what) -> error`: a non-finite loss or gradients, where it started (`inside`)
     _grads_finite = None      # `(grads) -> bool`: are they all finite (`nan_policy='raise_grads'`; `inside`)
-    _serve_requests = None    # `()`: take what other threads asked of the running fit (`background`)
     _acc_state = ({}, {})     # Accelerate's state as this trainer has it, once made (see `_own_state`)
 
     def _init_loop(self):
         "The loop's own state before any fit (the constructor calls it once the model and optimizers are made)."
         self.state, self.losses, self.logged, self.hooks = LoopState(), LossLog(), LoggedValues(), []
         self.fitting, self.dev_run, self.dev_run_calls, self.phase, self.resumed = False, False, None, None, None
-        self._stop_asked, self._stopped = False, None   # (see "Stop and continue")
-        # what other threads ask of a running fit, taken at a step boundary (see `trainer_nb.background`)
-        self._asked, self._keep_asks, self.requests, self.held, self.background = False, False, [], None, None
-        self.changes, self.paused_seconds, self._fit_thread = [], 0.0, None
+        self._stopped, self.background, self._fit_thread = None, None, None   # (see "Stop and continue")
+        self.control = Control()   # what other threads ask of a running fit, taken at a step boundary
         self.batch = self.preds = self.loss = self.out = None
         self._held = None   # the last batch's loss, its backward pass done, kept through the next forward (see below)
         self.valid_results, self.epoch_results, self.cancelled, self.eval_samples = {}, {}, None, None
@@ -80,16 +78,15 @@ class Loop:
         self.resumed = None
         start = resume() if resume is not None else None   # (it sets `resumed`: the plan, for hooks to read)
         fit_start = s.epoch if self.resumed is None else self.resumed.fit_start
-        keep, self._keep_asks = self._keep_asks, False   # (what was asked of a background fit before it began: kept)
-        if not keep: self._stop_asked, self._asked, self.requests = False, False, []
+        self.control.begin()   # (what was asked of the last fit forgotten; of a background call before it began, kept)
         self.fitting, self.cancelled, self.phase, self._stopped = True, None, None, None
-        self._fit_thread, self.paused_seconds = threading.current_thread(), 0.0
+        self._fit_thread = threading.current_thread()
         _ACTIVE.append(self)   # where `log_scalar` sends values
         old_sigint = _catch_stop_button(self)   # the stop button asks for a stop after the batch (see below)
         try:
             self._calls.run('before_fit')
             while s.epoch < s.epochs and not (s.max_step and s.step >= s.max_step):
-                if self._asked: self._take_requests(0)   # asked during the last epoch's end
+                if self.control.asked: self._take_requests(0)   # asked during the last epoch's end
                 self._epoch(dl, start)
                 start = None
                 s.epoch += 1
@@ -121,7 +118,7 @@ class Loop:
         "One epoch: its batches (from `start`, a resumed position, if given), its losses to the host, validation."
         s, calls = self.state, self._calls
         s.batch, t0, self.phase, self.epoch_results, loader = 0, time.perf_counter(), 'train', {}, dl
-        t0 -= self.paused_seconds   # (a pause counts in no epoch's time)
+        t0 -= self.control.paused_seconds   # (a pause counts in no epoch's time)
         self.model.train()
         self._epoch_first = len(self.losses)   # index of the epoch's first batch in the loss log
         stop, every = s.max_step or math.inf, self._eval_every
@@ -145,7 +142,7 @@ class Loop:
                 if calls['after_valid']: calls.run('after_valid')
             except CancelEpoch: pass   # from before_valid: no validation; from after_valid: its remaining hooks skipped
         self.epoch_results.update(self.logged.epoch_means(self.accelerator))   # `trainer.log`: this epoch's means
-        self.epoch_results['time'], self.phase = time.perf_counter() - self.paused_seconds - t0, 'epoch'
+        self.epoch_results['time'], self.phase = time.perf_counter() - self.control.paused_seconds - t0, 'epoch'
         try:
             if calls['after_epoch']: calls.run('after_epoch')
         except CancelEpoch: pass       # the remaining after_epoch hooks are skipped
@@ -153,14 +150,14 @@ class Loop:
     def _batches(self, batches, stop: float, every: int | None):
         """The epoch's batches, each by `_train_batch`; between two, a validation when `eval_every` steps are done, the
         end at `max_steps` (`stop`), and what other threads asked (`_take_requests`) at a step."""
-        s, train_batch = self.state, self._train_batch
+        s, train_batch, control = self.state, self._train_batch, self.control
         for batch in batches:
             train_batch(batch)
             if every and s.opt_stepped and s.step % every == 0 and s.step < stop and s.batch + 1 != s.n_batches:
                 _validate_in_epoch(self)   # (not at the epoch's last batch: the epoch's validation follows)
             s.batch += 1
             if s.step >= stop: break   # `max_steps` reached: the epoch ends here, and the fit with it
-            if self._asked and self.accelerator.sync_gradients: self._take_requests(s.batch)   # (at a step)
+            if control.asked and self.accelerator.sync_gradients: self._take_requests(s.batch)   # (at a step)
 
     def _train_batch(self, batch):
         "One batch: its pass (`_pass`); the batch counted; when one is due, the optimizer step; `after_batch`."
@@ -189,7 +186,7 @@ class Loop:
         `_train_batch`. Both paths keep the loss of a batch whose backward pass ran (`_held`) until the next batch's
         graph is built, as a hand-written loop keeps `loss`: autograd then reuses each parameter's gradient accumulator
         instead of making it anew. That graph holds no activations (its backward pass freed them)."""
-        s, p, calls, key = self.state, self._plain, self._calls, self._plain.preds_key
+        s, p, calls, key, control = self.state, self._plain, self._calls, self._plain.preds_key, self.control
         loss_of, keep, pending, check, backward, lean = p.loss_of, p.keep, p.pending, p.check, p.backward, p.lean
         opt_step, scheds, zero_grad, sync_every = p.optimizer_step, p.schedulers, p.zero_grad, p.sync_every
         before_step, after_step, after_batch = calls['before_step'], calls['after_step'], calls['after_batch']
@@ -236,7 +233,7 @@ class Loop:
                 _validate_in_epoch(self)
             s.batch += 1
             if s.step >= stop: break
-            if self._asked and self.accelerator.sync_gradients: self._take_requests(s.batch)
+            if control.asked and self.accelerator.sync_gradients: self._take_requests(s.batch)
 
     def _pass(self, batch) -> tuple:
         """The batch's passes: `before_batch`, forward, `after_pred`, loss, `after_loss`, backward, `after_backward`.
@@ -443,8 +440,10 @@ class Loop:
     # ---- state ----
     @property
     def lrs(self) -> list[float]:
-        "The base learning rate of each parameter group."
+        "The base learning rate of each parameter group: what a schedule starts from (`lr` sets them, `scale_lr` too)."
         return list(self._lrs)
+    @lrs.setter
+    def lrs(self, lrs): self._lrs = [float(x) for x in lrs]
 
     @property
     def opt(self):
@@ -477,7 +476,7 @@ class Loop:
         self.accelerator.step = sd['accum_step']
         if 'losses' in sd: self.losses.load_state_dict(sd['losses'])
         if 'logged' in sd: self.logged.load_state_dict(sd['logged'])
-        self.changes = list(sd.get('changes', []))
+        self.control.changes = list(sd.get('changes', []))
         if sd.get('hooks') is not None: _load_hook_states(self, sd['hooks'])
 
     @contextlib.contextmanager
@@ -568,29 +567,40 @@ class Loop:
     def stop(self):
         """Ask the running fit to stop after the current batch (from any thread, or the stop button); `resume()` then
         continues it."""
-        self._stop_asked = True
-        self._asked = True
+        self.control.ask_stop()
 
     @property
     def stopping(self) -> bool:
         "Whether a stop was asked (the stop button, or `stop()`) during the running (or the last) fit."
-        return self._stop_asked
+        return self.control.stop_asked
 
     @property
     def running(self) -> bool:
         "Whether a fit (or another call started with `background=True`) is running."
         return self.fitting or (self.background is not None and not self.background.done.is_set())
 
+    @property
+    def changes(self) -> list[dict]:
+        "Each change of a setting made during this trainer's fits (`set`): step, iteration, epoch, name, old, new."
+        return self.control.changes
+
+    @property
+    def held(self):
+        "The `Pause` the running fit holds at (`paused()`), or None."
+        return self.control.held
+
+    @property
+    def paused_seconds(self) -> float:
+        "How long the running (or last) fit was held in pauses."
+        return self.control.paused_seconds
+
     def _ask(self, request):
         "Hand the running fit a request (a `Pause`, a `Change`): its loop takes it at the next step boundary."
-        self.requests.append(request)
-        self._asked = True
+        self.control.ask(request)
 
     def _take_requests(self, done: int):
-        "At a step boundary (`done` batches of the epoch done): what other threads asked, then a stop."
-        self._asked = False
-        if self.requests: self._serve_requests()
-        if self._stop_asked: raise _StopHere(done)
+        "At a step boundary (`done` batches of the epoch done): what other threads asked (`Control.take`), then a stop."
+        if self.control.take(self, self._calls.run): raise _StopHere(done)
 
     def _check_fit(self, epochs, max_steps=None, eval_every=None):
         "Refuse a fit that can't run: its lengths, its loaders, a fit already running, another accumulating beside it."
@@ -1052,7 +1062,7 @@ def _catch_stop_button(t):
     if threading.current_thread() is not threading.main_thread() or t.accelerator.num_processes > 1: return None
     def pressed(signum, frame):
         if not t.fitting: raise KeyboardInterrupt   # (its hooks' end: as without the trainer)
-        if t._stop_asked: raise _PressedTwice()
+        if t.control.stop_asked: raise _PressedTwice()
         t.stop()
     return (signal.signal(signal.SIGINT, pressed),)
 

@@ -53,7 +53,8 @@ class EarlyStopping(Hook):
             stop = bool(broadcast(torch.tensor([float(stop)], device=acc.device), from_process=0).item())
         if stop:
             raise CancelFit(f"Early stopping: {self.monitor} has not improved by more than {self.min_delta} for "
-                            f"{self.wait} epochs (best {self.best:.6g} at epoch {self.best_epoch + 1})")
+                            f"{self.wait} epochs (best {self.best:.6g} at epoch {self.best_epoch + 1})",
+                            status='early-stopped')
 
     def after_fit(self):
         t = self.trainer
@@ -126,9 +127,9 @@ class MetricsLog(MainProcessHook):
         s = self.trainer.state
         self._write({'kind': 'epoch', 'step': s.step, 'iteration': s.iteration, **self.trainer.epoch_results})
 
-    def changed(self, change: dict):
+    def after_change(self):
         "A change of the running fit (`Trainer.set`): one line `{'kind': 'change', 'step', 'name', 'old', 'new', ...}`."
-        self._write({'kind': 'change', **change, 'time': time.time() - self._t0})
+        self._write({'kind': 'change', **self.trainer.changes[-1], 'time': time.time() - self._t0})
 
     def after_valid(self):
         "A validation inside an epoch (`fit(eval_every=)`): one line of kind 'valid'."

@@ -239,7 +239,8 @@ class Progress(MainProcessHook):
 
     def idle_events(self) -> tuple[str, ...]:
         "With `mode='off'` it shows nothing: no redraw at the epochs and batches."
-        return ('before_epoch', 'after_batch', 'before_valid', 'after_epoch') if self.mode == 'off' else ()
+        if self.mode != 'off': return ()
+        return ('before_epoch', 'after_batch', 'after_pause', 'before_valid', 'after_epoch')
 
     def before_epoch(self):
         if self.active == 'off': return
@@ -263,8 +264,9 @@ class Progress(MainProcessHook):
 
     def after_cancel(self): self.status = _status(self.trainer.cancelled)
 
-    def paused_for(self, seconds: float):
-        "The fit was held (`Trainer.paused`) for `seconds`: they count in no time shown."
+    def after_pause(self):
+        "The fit was held (`Trainer.paused`): the time held counts in no time shown."
+        seconds = self.trainer.control.last_pause.seconds
         self.t_fit += seconds
         self.t_epoch += seconds
 

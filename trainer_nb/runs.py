@@ -9,7 +9,7 @@ from pathlib import Path
 
 # %% auto #0
 __all__ = ['RECORD', 'kernel_runs', 'RunRecorder', 'read_run', 'results_of', 'config_differences', 'runs', 'find_run',
-           'labels_of', 'draw_comparison', 'RunComparison', 'compare']
+           'changes_text', 'labels_of', 'draw_comparison', 'RunComparison', 'compare']
 
 # %% ../nbs/17_runs.ipynb #6bf17c3d
 import numpy as np
@@ -25,11 +25,13 @@ _RECORDS: list[dict] = []   # the records of this kernel's fits, oldest first (t
 _KEEP = 500
 
 def _status(t) -> str:
-    "How the fit of `t` ended, by what it was cancelled with."
+    """Who ended the fit of `t`, by what it was cancelled with: 'done'; 'stopped' (the user: `stop()`, the Stop button,
+    SIGINT, SIGTERM); a `CancelFit`'s own `status` ('cancelled' by a hook, 'early-stopped' by `EarlyStopping`...);
+    'error'. (A record left at 'running' by a process that is gone reads 'killed': `read_run`.)"""
     c = t.cancelled
     if c is None: return 'done'
-    if isinstance(c, (CancelFit, SystemExit)) or type(c).__name__ == 'FitStopped': return 'stopped'
-    if isinstance(c, KeyboardInterrupt): return 'cancelled'
+    if isinstance(c, CancelFit): return getattr(c, 'status', 'cancelled')
+    if isinstance(c, (KeyboardInterrupt, SystemExit)): return 'stopped'
     return 'error'
 
 def _downsample(x: np.ndarray, n: int) -> np.ndarray:
@@ -85,13 +87,14 @@ def _new_record(t, dir: Path | None) -> dict:
             'status': 'running', 'message': None, 'start': now, 'end': None, 'seconds': 0.,
             'first_step': s.step, 'steps': s.step, 'epochs_done': 0, 'samples': s.samples, 'config': cfg,
             'series': {'step': [], 'loss': [], 'lr': []}, 'clock': [[s.step, 0., s.samples]],
-            'epochs': [], 'evals': [], 'events': [], 'segments': []}
+            'epochs': [], 'evals': [], 'events': [], 'segments': [], 'changes': []}
 
 def _continue(rec: dict, step: int, epoch: int) -> dict:
     "A record cut back to a resumed position (`step`, `epoch` epochs done): what came after was trained again."
     rec['epochs'] = [e for e in rec['epochs'] if e['epoch'] <= epoch]
     rec['evals'] = [e for e in rec['evals'] if e['step'] <= step]
     rec['clock'] = [c for c in rec['clock'] if c[0] <= step] or [[step, rec['seconds'], 0]]
+    rec['changes'] = [c for c in rec.get('changes', []) if c['step'] <= step]
     rec['seconds'] = rec['clock'][-1][1]
     rec['events'].append({'kind': 'resume', 'step': step, 'time': time.time()})
     return rec
@@ -145,9 +148,14 @@ class RunRecorder(MainProcessHook):
         if self.path is not None: self.path.parent.mkdir(parents=True, exist_ok=True)
         self.save()
 
-    def paused_for(self, seconds: float):
-        "The fit was held (`Trainer.paused`) for `seconds`: they count in no time recorded."
-        self._t0 += seconds
+    def after_pause(self):
+        "The fit was held (`Trainer.paused`): the time held counts in no time recorded."
+        self._t0 += self.trainer.control.last_pause.seconds
+
+    def after_change(self):
+        "A setting changed by hand mid-fit (`Trainer.set`, the view's LR box): kept in the record, written at once."
+        self.record.setdefault('changes', []).append(_plain_dict(self.trainer.changes[-1]))
+        self.save()
 
     def after_step(self):
         now = time.monotonic()
@@ -364,6 +372,7 @@ def runs(path='runs', kernel: bool = True):
     df = pd.DataFrame(rows, columns=None if rows else ['name', 'start', 'duration', 'status', 'epochs', 'steps'])
     for k, vals in config_differences(recs).items():
         df[k if k not in df else f'config {k}'] = pd.Series(vals, dtype=object)
+    if any(r.get('changes') for r in recs): df['changes'] = [changes_text(r) for r in recs]   # (set by hand mid-fit)
     df['path'] = [r.get('dir') or f"kernel:{r.get('id')}" for r in recs]
     df = _as_table(df, {'notes': notes})
     if notes: warnings.warn(f"runs({str(path)!r}): " + '; '.join(notes[:5]) +
@@ -400,14 +409,22 @@ def find_run(run) -> dict:
     notes = []
     return _resolve(run, notes)[-1]
 
+def changes_text(rec: dict, short: bool = False) -> str:
+    """The settings changed by hand during the run (`Trainer.set`) as a line: 'lr 0.01 -> 0.0025 at 40' ('' when
+    none); `short`: without the old values."""
+    return '; '.join(f"{c['name']} {'' if short else tick_label(c['old']) + ' '}-> {tick_label(c['new'])} at "
+                     f"{c['step']}" for c in rec.get('changes') or [])
+
 def labels_of(recs: list[dict]) -> list[str]:
-    "A label per record: what differs between their configs (`lr=0.003, hidden=256`), or their names."
+    """A label per record: what differs between their configs (`lr=0.003, hidden=256`), or their names; a run changed
+    by hand says so (`, by hand: lr -> 0.0025 at 40`): its config is not what it trained with."""
     diff = config_differences(recs)
     fmt = lambda v: tick_label(v) if isinstance(v, float) else str(v)
     keys = [k for k in diff if k not in ('epochs', 'train_samples')][:3] or list(diff)[:3]
     labels = [', '.join(f"{k.rsplit('.', 1)[-1]}={fmt(diff[k][i])}" for k in keys) for i in range(len(recs))]
     if not all(labels) or len(set(labels)) < len(labels): labels = [r.get('name') or '?' for r in recs]
-    return labels
+    hand = [changes_text(r, short=True) for r in recs]
+    return [lab + (f", by hand: {h}" if h else '') for lab, h in zip(labels, hand)]
 
 def _x_of(rec: dict, steps, x: str) -> np.ndarray:
     "The steps `steps` of `rec` as `x`: steps, epochs (fractional), samples or seconds (by its clock)."
