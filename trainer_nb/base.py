@@ -4,7 +4,7 @@
 
 # %% ../nbs/00_base.ipynb #76a55cf9
 from __future__ import annotations
-import array, base64, copy, difflib, math, random, time, warnings
+import array, base64, contextlib, copy, difflib, functools, math, random, time, warnings
 from collections.abc import Mapping
 from dataclasses import dataclass, asdict
 from pathlib import Path
@@ -13,8 +13,8 @@ from pathlib import Path
 __all__ = ['EVENTS', 'BATCH_EVENTS', 'CANCELS', 'RESERVED', 'CancelBatch', 'CancelEpoch', 'CancelFit', 'annotate', 'hook_error',
            'Hook', 'MainProcessHook', 'unknown_events', 'hooks_of', 'EventCalls', 'LoopState', 'ResumePlan', 'LossLog',
            'LoggedValues', 'loader_generators', 'rng_state', 'set_rng_state', 'Smoother', 'smooth', 'name_of',
-           'to_plain', 'to_cpu', 'batch_size', 'has_len', 'check_idle', 'check_monitor', 'TrainerWarning',
-           'NonFiniteError']
+           'to_plain', 'to_cpu', 'batch_size', 'has_len', 'check_idle', 'check_monitor', 'table_class', 'as_table',
+           'TrainerWarning', 'NonFiniteError']
 
 # %% ../nbs/00_base.ipynb #e4266d3d
 import numpy as np
@@ -79,6 +79,9 @@ class Hook:
     logs_to_trackers: bool = False    # sends the numbers to the experiment trackers (`Trackers`): no second one added
     times_hooks: bool = False         # each hook's time goes into its `by_hook` dict (`Timing`)
     keeps_history: bool = False       # keeps `trainer.history` (the `Recorder`)
+    untimed: bool = False             # is a clock itself: its calls are not timed into `Timing`'s `by_hook` (`Timing`)
+    draws: bool = False               # its time is drawing, in `Timing`'s split (`Progress`, `LivePlot`)
+    in_sweeps: bool = False           # kept in the short fits of the LR finder and `find_batch_size` (`Adapters`)
     trainer = None                    # the `Trainer` it was added to
 
     @property
@@ -131,7 +134,7 @@ class EventCalls(dict):
     def __init__(self, hooks=(), main: bool = True, dev_run: bool = False, warn: bool = True, clock=None):
         def bind(h, e):
             f = getattr(h, e)
-            return f if clock is None or getattr(h, 'untimed', False) else _timed(clock, h.name, f)
+            return f if clock is None or h.untimed else _timed(clock, h.name, f)
         bound = [h for h in hooks if (main or not h.main_process_only) and (h.in_dev_run or not dev_run)]
         idle = {} if dev_run else {id(h): _idle_events(h) for h in bound}
         super().__init__({e: tuple((h.name, bind(h, e)) for h in hooks_of(bound, e) if e not in idle.get(id(h), ()))
@@ -513,6 +516,34 @@ def check_monitor(trainer, monitor: str | None, who: str):
         why = "" if close[0] in known else ", which only validation reports (the trainer has no valid_dl)"
         raise ValueError(f"{who} monitors {monitor!r}, which no epoch's results will hold: did you mean "
                          f"{close[0]!r}{why}? The results: {', '.join(known)}, and what trainer.log records")
+
+# %% ../nbs/00_base.ipynb #1a22ef7d
+@functools.cache
+def table_class(name: str, shown, options: tuple = ()):
+    """A `pandas.DataFrame` subclass named `name` that prints (as text and HTML) what `shown(df)` makes of a plain copy
+    `df` of it, under pandas' display `options` (pairs, as `pd.option_context` takes them): the library's tables
+    (`History`, `Runs`, the hooks' table) print their values as the dashboard shows them and are DataFrames for all
+    else. Made on first use (importing the library does not import pandas); pickled through `as_table`."""
+    import pandas as pd
+
+    class Table(pd.DataFrame):
+        @property
+        def _constructor(self): return Table   # (how pandas keeps a subclass through its operations)
+        def _shown(self) -> pd.DataFrame: return shown(pd.DataFrame(self))
+        def _printing(self): return pd.option_context(*options) if options else contextlib.nullcontext()
+        def __repr__(self):
+            with self._printing(): return repr(self._shown())
+        def _repr_html_(self):
+            with self._printing(): return self._shown()._repr_html_()
+        def __reduce__(self): return as_table, (name, shown, pd.DataFrame(self), dict(self.attrs), options)
+    Table.__name__ = Table.__qualname__ = name
+    return Table
+
+def as_table(name: str, shown, df, attrs: dict | None = None, options: tuple = ()):
+    "`df` as a `table_class(name, shown, options)`, with `attrs` (pandas' `DataFrame.attrs`)."
+    t = table_class(name, shown, options)(df)
+    t.attrs.update(attrs or {})
+    return t
 
 # %% ../nbs/00_base.ipynb #b8d4f6e2
 class TrainerWarning(UserWarning):

@@ -258,7 +258,7 @@ class Timing(Hook):
         else: wall = self._mark - self._t0 + sum(hooks.values()) - self._h   # (and the hooks' after_fit after its own)
         step = self._device if self._cuda else t['train_step']
         other = wall - t['data_wait'] - step - t['validation'] - sum(hooks.values())
-        drawn = {h.name for h in self.trainer.hooks if getattr(h, 'draws', False)} if self.trainer is not None else ()
+        drawn = {h.name for h in self.trainer.hooks if h.draws} if self.trainer is not None else ()
         return {'wall': wall, 'data_wait': t['data_wait'], 'train_step': step, 'validation': t['validation'],
                 'hooks': hooks, 'drawing': sum((v for k, v in hooks.items() if k in drawn), 0.),
                 'other': other if not self._cuda else max(other, 0.)}

@@ -20,10 +20,11 @@ from accelerate.utils import (DistributedType, concatenate, find_device, honor_t
 from accelerate.utils.memory import clear_device_cache
 
 # %% ../nbs/00_base_loop.ipynb #36d0931d
-from .control import Control
+from .control import Control, check_lr
 from .base import (EVENTS, CancelBatch, CancelEpoch, CancelFit, EventCalls, Hook, LoopState, LossLog,
-                             LoggedValues, NonFiniteError, RESERVED, ResumePlan, TrainerWarning, annotate, batch_size,
-                             check_idle, has_len, hooks_of, name_of, rng_state, set_rng_state, to_cpu, unknown_events)
+                             LoggedValues, NonFiniteError, RESERVED, ResumePlan, TrainerWarning, annotate, as_table,
+                             batch_size, check_idle, has_len, hooks_of, name_of, rng_state, set_rng_state, to_cpu,
+                             unknown_events)
 
 # %% ../nbs/00_base_loop.ipynb #f6682260
 class Loop:
@@ -1310,6 +1311,10 @@ def _run_eval(t, dl, keep_preds: bool, stream=()):
     return (loss_sum / n if has_loss else None), _cat_padded(preds, pad), _cat_padded(targets, pad)
 
 # %% ../nbs/00_base_loop.ipynb #419ef3b0
+_WHOLE_CELLS = ('display.max_colwidth', None, 'display.width', 0)   # (pandas would cut a cell of 4 hooks to '...')
+
+def _as_is(df): return df
+
 def _hook_table(t):
     "`describe_hooks`: a row per event (and per unknown `before_*/after_*` method), a column for a dev run's calls."
     import pandas as pd
@@ -1327,14 +1332,7 @@ def _hook_table(t):
         keys = dict(t.hook_keys())
         ran = {e: ', '.join(k for k in keys if (k, e) in t.dev_run_calls) or '-' for e in EVENTS}
         df['ran in fast_dev_run'] = [ran.get(e, '-') for e in df.index]
-
-    class HookTable(pd.DataFrame):
-        "The table printed whole: pandas would cut a cell of more than 50 characters (four default hooks) to '...'."
-        def __repr__(self):
-            with pd.option_context('display.max_colwidth', None, 'display.width', 0): return super().__repr__()
-        def _repr_html_(self):
-            with pd.option_context('display.max_colwidth', None): return super()._repr_html_()
-    return HookTable(df)
+    return as_table('HookTable', _as_is, df, options=_WHOLE_CELLS)
 
 def _load_hook_states(t, saved: dict):
     main = t.is_main_process
@@ -1396,8 +1394,7 @@ def _check_args(model, mixed_precision, grad_accum, nan_policy, lr, metrics, opt
         raise ValueError(f"grad_accum must be an int >= 1, got {grad_accum!r}")
     if nan_policy not in ('raise', 'raise_grads', 'skip'):
         raise ValueError(f"nan_policy must be 'raise', 'raise_grads' or 'skip', got {nan_policy!r}")
-    if lr is not None and not (isinstance(lr, (int, float)) and lr > 0):
-        raise ValueError(f"lr must be a positive number, got {lr!r}")
+    if lr is not None: check_lr(lr)
     listed = _metric_list(metrics)
     _check_metrics(_metric_items(listed))
     if optimizers is not None and len(optimizers) > 1 and not manual:

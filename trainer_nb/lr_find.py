@@ -280,7 +280,7 @@ def _run(trainer, sweep: _Sweep, steps: int, valid=None) -> float | None:
     given and the trial ran to its end), then rewind everything."""
     try: n = len(trainer.train_loader)
     except TypeError: n = 0
-    keep = [h for h in trainer.hooks if getattr(h, 'in_sweeps', False)]
+    keep = [h for h in trainer.hooks if h.in_sweeps]
     with trainer.temporary(hooks=[sweep, *keep], rewind=True, losses=LossLog(), valid_dl=None, scheduler_func=None,
                            sync_every=sys.maxsize):
         if steps: trainer.fit(math.ceil((steps * trainer.grad_accum + sweep.skip) / n) + 1 if n else sys.maxsize)

@@ -11,7 +11,7 @@ __all__ = ['new_figure', 'tick_label', 'static_bundle', 'Recorder', 'Binned']
 
 # %% ../nbs/01_recorder.ipynb #b6e98ae6
 import numpy as np
-from .base import Hook, Smoother, to_plain
+from .base import Hook, Smoother, as_table, to_plain
 from .progress import fmt_time
 
 # %% ../nbs/01_recorder.ipynb #3562dd8a
@@ -144,37 +144,19 @@ def _momentum_key(g: dict) -> str | None:
     return None
 
 # %% ../nbs/01_recorder.ipynb #5b1e7c2a
-@functools.cache
-def _history_class():
-    "The `DataFrame` subclass of `Recorder.history` (made on first use: importing the library does not import pandas)."
-    import pandas as pd
-
-    class History(pd.DataFrame):
-        "The epochs' table: a `DataFrame` whose `time` durations print as the dashboard shows them (`m:ss`)."
-        @property
-        def _constructor(self): return History   # (how pandas keeps a subclass through its operations)
-
-        def _shown(self) -> pd.DataFrame:
-            "A plain copy to print, its durations as text (`assign` copies: the table itself is left as it is)."
-            df = pd.DataFrame(self)
-            if 'time' in df.columns and df['time'].dtype.kind == 'm':
-                df = df.assign(time=df['time'].dt.total_seconds().map(fmt_time))
-            return df
-
-        def __repr__(self): return repr(self._shown())
-        def _repr_html_(self): return self._shown()._repr_html_()
-        def __reduce__(self): return _as_history, (pd.DataFrame(self),)   # (pickled through a module-level name)
-    return History
-
-def _as_history(df): return _history_class()(df)
+def _history_shown(df):
+    "The epochs' table as printed: its `time` durations as the dashboard shows them (`m:ss`)."
+    if 'time' in df.columns and df['time'].dtype.kind == 'm':
+        df = df.assign(time=df['time'].dt.total_seconds().map(fmt_time))
+    return df
 
 def _history(epochs: list[dict]):
-    "The epochs' results as a `History`: indexed by `epoch`, `time` (seconds) as durations, in the last column."
+    "The epochs' results as a `History` table: indexed by `epoch`, `time` (seconds) as durations, in the last column."
     import pandas as pd
     df = pd.DataFrame(epochs) if epochs else pd.DataFrame(columns=['epoch', 'train_loss', 'time'])
     df = df.set_index('epoch')
     time = pd.to_timedelta(df.pop('time'), unit='s')
-    return _as_history(df.assign(time=time))
+    return as_table('History', _history_shown, df.assign(time=time))
 
 # %% ../nbs/01_recorder.ipynb #2673481e
 class Recorder(Hook):

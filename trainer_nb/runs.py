@@ -4,7 +4,7 @@
 
 # %% ../nbs/17_runs.ipynb #4004030e
 from __future__ import annotations
-import functools, json, math, numbers, os, socket, time, uuid, warnings
+import json, math, numbers, os, socket, time, uuid, warnings
 from pathlib import Path
 
 # %% auto #0
@@ -13,7 +13,7 @@ __all__ = ['RECORD', 'kernel_runs', 'RunRecorder', 'read_run', 'results_of', 'co
 
 # %% ../nbs/17_runs.ipynb #6bf17c3d
 import numpy as np
-from .base import CancelFit, MainProcessHook, TrainerWarning, smooth, to_plain
+from .base import CancelFit, MainProcessHook, TrainerWarning, as_table, smooth, to_plain
 from .checkpoint import checkpoint_hooks, run_config
 from .monitor import MetricsLog
 from .progress import fmt_time
@@ -307,34 +307,14 @@ def config_differences(recs: list[dict]) -> dict[str, list]:
     return {short[k]: [f.get(k) for f in flats] for k in diff}
 
 # %% ../nbs/17_runs.ipynb #2d5998a5
-@functools.cache
-def _table_class():
-    "The `DataFrame` subclass `runs()` returns (made on first use: importing the library does not import pandas)."
-    import pandas as pd
-
-    class Runs(pd.DataFrame):
-        "The table of runs: a `DataFrame` printing its durations as the dashboard does (`m:ss`)."
-        @property
-        def _constructor(self): return Runs
-
-        def _shown(self) -> pd.DataFrame:
-            df = pd.DataFrame(self)
-            if 'duration' in df.columns and df['duration'].dtype.kind == 'm':
-                secs = df['duration'].dt.total_seconds()
-                df = df.assign(duration=secs.map(lambda s: '' if s != s else fmt_time(s)))
-            if 'start' in df.columns and df['start'].dtype.kind == 'M':
-                df = df.assign(start=df['start'].dt.strftime('%Y-%m-%d %H:%M:%S').fillna(''))
-            return df
-
-        def __repr__(self): return repr(self._shown())
-        def _repr_html_(self): return self._shown()._repr_html_()
-        def __reduce__(self): return _as_table, (pd.DataFrame(self), dict(self.attrs))
-    return Runs
-
-def _as_table(df, attrs=None):
-    t = _table_class()(df)
-    t.attrs.update(attrs or {})
-    return t
+def _runs_shown(df):
+    "The table of runs as printed: durations as the dashboard shows them (`m:ss`), starts to the second."
+    if 'duration' in df.columns and df['duration'].dtype.kind == 'm':
+        secs = df['duration'].dt.total_seconds()
+        df = df.assign(duration=secs.map(lambda s: '' if s != s else fmt_time(s)))
+    if 'start' in df.columns and df['start'].dtype.kind == 'M':
+        df = df.assign(start=df['start'].dt.strftime('%Y-%m-%d %H:%M:%S').fillna(''))
+    return df
 
 # %% ../nbs/17_runs.ipynb #6b6d5f78
 def _collect(path, kernel: bool, notes: list) -> list[dict]:
@@ -374,7 +354,7 @@ def runs(path='runs', kernel: bool = True):
         df[k if k not in df else f'config {k}'] = pd.Series(vals, dtype=object)
     if any(r.get('changes') for r in recs): df['changes'] = [changes_text(r) for r in recs]   # (set by hand mid-fit)
     df['path'] = [r.get('dir') or f"kernel:{r.get('id')}" for r in recs]
-    df = _as_table(df, {'notes': notes})
+    df = as_table('Runs', _runs_shown, df, {'notes': notes})
     if notes: warnings.warn(f"runs({str(path)!r}): " + '; '.join(notes[:5]) +
                             (f" (and {len(notes) - 5} more: see .attrs['notes'])" if len(notes) > 5 else ''),
                             TrainerWarning, stacklevel=2)

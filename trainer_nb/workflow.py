@@ -17,6 +17,7 @@ from torch.optim.lr_scheduler import ReduceLROnPlateau
 import itertools
 from torch.utils.data import IterableDataset
 from .base import EVENTS, Hook, check_idle, check_monitor, rng_state, set_rng_state
+from .control import check_lr
 
 # %% ../nbs/15_workflow.ipynb #79b6b2b5
 def _positive(out: list, lr) -> list[float]:
@@ -39,7 +40,7 @@ def group_lrs(lr, lrs: list[float]) -> list[float]:
     if isinstance(lr, (list, tuple)):
         if len(lr) != n: raise ValueError(f"lr has {len(lr)} values for {n} parameter groups: give one per group")
         return _positive(list(lr), lr)
-    if not (isinstance(lr, (int, float)) and lr > 0): raise ValueError(f"lr must be a positive number, got {lr!r}")
+    check_lr(lr)
     top = max(lrs)
     return [lr * (b / top) for b in lrs]   # (the fastest group gets `lr` itself, to the last bit)
 
@@ -365,7 +366,7 @@ def largest_batch_size(trainer, start: int = 1024, steps: int = 1) -> int:
     def attempt(batch_size):
         loader = torch.utils.data.DataLoader(dl.dataset, batch_size=batch_size, collate_fn=dl.collate_fn,
                                              num_workers=dl.num_workers, pin_memory=dl.pin_memory)
-        keep = [h for h in trainer.hooks if getattr(h, 'in_sweeps', False)]   # (those the model needs: `Adapters`)
+        keep = [h for h in trainer.hooks if h.in_sweeps]   # (those the model needs: `Adapters`)
         with trainer.temporary(hooks=keep, rewind=True, train_dl=loader, valid_dl=None, scheduler_func=None):
             trainer.fit(1, limit_batches=steps)
         return batch_size
