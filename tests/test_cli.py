@@ -104,8 +104,8 @@ def test_describe(work):
     head = next(i for i, l in enumerate(out) if l.startswith('event'))
     row = {l.split()[0]: l.split(None, 1)[1] for l in out[head + 1:]}
     assert list(row) == ['before_fit', 'before_epoch', 'before_batch', 'after_pred', 'after_loss', 'after_backward',
-                         'before_step', 'after_step', 'after_batch', 'before_valid', 'after_valid', 'after_epoch',
-                         'after_cancel', 'after_fit']
+                         'before_step', 'after_step', 'after_batch', 'after_change', 'after_pause', 'before_valid',
+                         'after_valid', 'after_epoch', 'after_cancel', 'after_fit']
     assert 'EarlyStopping (82)' in row['after_epoch'] and 'Checkpoint (85)' in row['after_epoch']
     assert row['after_pred'] == '-'
     assert not (work / 'work' / 'runs').exists()     # describing writes nothing
