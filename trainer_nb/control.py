@@ -152,6 +152,12 @@ class Control:
         "Say `text` (HTML) of the running fit where it is shown (`tell`), if anywhere; `lr`: the rate now."
         if self.tell is not None: self.tell(text, lr=lr)
 
+    def clock(self) -> float:
+        """Seconds on the fit's clock: `time.perf_counter()` less the time the fit was held (`paused_seconds`). Every
+        time a fit keeps (its epochs', `Timing`'s, `Profiler`'s, the dashboard's, the run's record) reads this clock,
+        so that a pause counts in none of them without each making up for it."""
+        return time.perf_counter() - self.paused_seconds
+
     def ask(self, request):
         "Hand the running fit a request (a `Pause`, a `Change`): taken at its next step boundary."
         self.requests.append(request)

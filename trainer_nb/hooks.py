@@ -149,23 +149,18 @@ class Profiler(Hook):
         if t.device.type == 'cuda': torch.cuda.reset_peak_memory_stats(t.device)
         self._wait = self._busy = 0.
         self._n, self._samples0 = 0, t.state.samples
-        self._t0 = self._t_end = time.perf_counter()
+        self._t0 = self._t_end = t.control.clock()   # (the fit's clock: a pause counts in no time)
 
     def before_batch(self):
-        now = time.perf_counter()
+        now = self.trainer.control.clock()
         self._wait += now - self._t_end
         self._t_start = now
 
     def after_batch(self):
-        now = time.perf_counter()
+        now = self.trainer.control.clock()
         self._busy += now - self._t_start
         self._t_end = now
         self._n += 1
-
-    def after_pause(self):
-        "The fit was held (`Trainer.paused`): the time held counts neither as data wait nor in the epoch's time."
-        seconds = self.trainer.control.last_pause.seconds
-        self._t0, self._t_end = self._t0 + seconds, self._t_end + seconds
 
     def after_epoch(self):
         t = self.trainer
@@ -203,14 +198,14 @@ class Timing(Hook):
 
     def _add(self, k: str):
         "Add the seconds since the last mark, less the hooks' time in them, to total `k`; move the mark."
-        now, h = time.perf_counter(), sum(self.by_hook.values())
+        now, h = self.trainer.control.clock(), sum(self.by_hook.values())
         self.totals[k] += now - self._mark - (h - self._h)
         self._mark, self._h = now, h
 
     def before_fit(self):
         self.by_hook.clear()
         self.totals = dict.fromkeys(('data_wait', 'train_step', 'validation', 'other'), 0.)
-        self._t0 = self._mark = time.perf_counter()
+        self._t0 = self._mark = self.trainer.control.clock()
         self._h, self.hinted = 0., False
         self._cuda = self.trainer.device.type == 'cuda'
         self._events, self._open, self._device = [], None, 0.
@@ -227,11 +222,6 @@ class Timing(Hook):
     def before_valid(self): self._add('other')
     def after_valid(self): self._add('validation')
     def after_epoch(self): self._read_events()
-
-    def after_pause(self):
-        "The fit was held (`Trainer.paused`): the time held counts in no part, nor in the wall time."
-        seconds = self.trainer.control.last_pause.seconds
-        if self._t0 is not None: self._t0, self._mark = self._t0 + seconds, self._mark + seconds
 
     def after_fit(self):
         self._add('other')
@@ -254,7 +244,7 @@ class Timing(Hook):
         if self._t0 is None: return {}
         if self._cuda: self._read_events()
         t, hooks = self.totals, dict(self.by_hook)
-        if self.trainer is not None and self.trainer.fitting: wall = time.perf_counter() - self._t0
+        if self.trainer is not None and self.trainer.fitting: wall = self.trainer.control.clock() - self._t0
         else: wall = self._mark - self._t0 + sum(hooks.values()) - self._h   # (and the hooks' after_fit after its own)
         step = self._device if self._cuda else t['train_step']
         other = wall - t['data_wait'] - step - t['validation'] - sum(hooks.values())

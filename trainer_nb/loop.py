@@ -4,7 +4,7 @@
 
 # %% ../nbs/00_base_loop.ipynb #c02b05d5
 from __future__ import annotations
-import contextlib, copy, functools, inspect, itertools, math, signal, sys, threading, time, traceback, warnings
+import contextlib, copy, functools, inspect, itertools, math, signal, sys, threading, traceback, warnings
 from collections.abc import Mapping, Sequence
 
 # %% auto #0
@@ -118,8 +118,7 @@ class Loop:
     def _epoch(self, dl, start=None):
         "One epoch: its batches (from `start`, a resumed position, if given), its losses to the host, validation."
         s, calls = self.state, self._calls
-        s.batch, t0, self.phase, self.epoch_results, loader = 0, time.perf_counter(), 'train', {}, dl
-        t0 -= self.control.paused_seconds   # (a pause counts in no epoch's time)
+        s.batch, t0, self.phase, self.epoch_results, loader = 0, self.control.clock(), 'train', {}, dl
         self.model.train()
         self._epoch_first = len(self.losses)   # index of the epoch's first batch in the loss log
         stop, every = s.max_step or math.inf, self._eval_every
@@ -143,7 +142,7 @@ class Loop:
                 if calls['after_valid']: calls.run('after_valid')
             except CancelEpoch: pass   # from before_valid: no validation; from after_valid: its remaining hooks skipped
         self.epoch_results.update(self.logged.epoch_means(self.accelerator))   # `trainer.log`: this epoch's means
-        self.epoch_results['time'], self.phase = time.perf_counter() - self.control.paused_seconds - t0, 'epoch'
+        self.epoch_results['time'], self.phase = self.control.clock() - t0, 'epoch'   # (a pause counts in no epoch)
         try:
             if calls['after_epoch']: calls.run('after_epoch')
         except CancelEpoch: pass       # the remaining after_epoch hooks are skipped

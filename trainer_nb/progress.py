@@ -229,7 +229,7 @@ class Progress(MainProcessHook):
         self.active = resolve_mode(self.mode)
         self.rows, self.status, self.n_draws, self.draw_time = [], None, 0, 0.0
         self.first_epoch, self.n_epochs = s.epoch, s.epochs - s.epoch
-        self.t_fit = self.t_epoch = time.perf_counter()
+        self.t_fit = self.t_epoch = tr.control.clock()   # (the fit's clock: a pause counts in no time shown)
         self.it_epoch0, self._next = s.iteration, (math.inf if self.active == 'off' else 0.0)
         beta = self.beta if self.beta is not None else auto_beta(self.n_epochs * s.n_batches)
         self.tail, self.smooth = LossTail(tr.losses), Smoother(beta)
@@ -240,11 +240,11 @@ class Progress(MainProcessHook):
     def idle_events(self) -> tuple[str, ...]:
         "With `mode='off'` it shows nothing: no redraw at the epochs and batches."
         if self.mode != 'off': return ()
-        return ('before_epoch', 'after_batch', 'after_pause', 'before_valid', 'after_epoch')
+        return ('before_epoch', 'after_batch', 'before_valid', 'after_epoch')
 
     def before_epoch(self):
         if self.active == 'off': return
-        self.t_epoch, self.it_epoch0 = time.perf_counter(), self.trainer.state.iteration
+        self.t_epoch, self.it_epoch0 = self.trainer.control.clock(), self.trainer.state.iteration
         self._next = 0.0
         if self.active == 'text': self._text_new_bar()
         self.redraw()
@@ -264,12 +264,6 @@ class Progress(MainProcessHook):
 
     def after_cancel(self): self.status = _status(self.trainer.cancelled)
 
-    def after_pause(self):
-        "The fit was held (`Trainer.paused`): the time held counts in no time shown."
-        seconds = self.trainer.control.last_pause.seconds
-        self.t_fit += seconds
-        self.t_epoch += seconds
-
     def after_fit(self):
         if self.active in (None, 'off'): return
         if self.status is None: self.status = _status(self.trainer.cancelled)
@@ -283,7 +277,7 @@ class Progress(MainProcessHook):
     # ---- the numbers
     def snapshot(self) -> dict:
         "What the dashboard shows now: counters, times, ETA and the smoothed loss."
-        s, now = self.trainer.state, time.perf_counter()
+        s, now = self.trainer.state, self.trainer.control.clock()
         self.smooth.update(self.tail.new(keep=2000).numpy())   # older ones have decayed away (beta**2000)
         n, b = s.n_batches, s.iteration - self.it_epoch0   # batches done in this epoch
         el_ep = now - self.t_epoch

@@ -142,15 +142,12 @@ class RunRecorder(MainProcessHook):
         rec.update(status='running', end=None, message=None, pid=os.getpid(), host=socket.gethostname())
         rec['segments'].append([time.time(), None])
         self.record, self._on = rec, True
-        self._t0, self._secs0, self._last_clock = time.monotonic(), rec['seconds'], 0.
-        self._clock_every, self._last_write, self._due = 1., time.monotonic(), 0.
+        clock = t.control.clock   # (the fit's clock: a pause counts in no time recorded)
+        self._t0, self._secs0, self._last_clock = clock(), rec['seconds'], 0.
+        self._clock_every, self._last_write, self._due = 1., clock(), 0.
         _remember(rec)
         if self.path is not None: self.path.parent.mkdir(parents=True, exist_ok=True)
         self.save()
-
-    def after_pause(self):
-        "The fit was held (`Trainer.paused`): the time held counts in no time recorded."
-        self._t0 += self.trainer.control.last_pause.seconds
 
     def after_change(self):
         "A setting changed by hand mid-fit (`Trainer.set`, the view's LR box): kept in the record, written at once."
@@ -158,7 +155,7 @@ class RunRecorder(MainProcessHook):
         self.save()
 
     def after_step(self):
-        now = time.monotonic()
+        now = self.trainer.control.clock()
         if now >= self._due: self._on_time(now)   # (one comparison a step: `_due` is the nearer of the two below)
 
     def _on_time(self, now: float):
@@ -184,7 +181,7 @@ class RunRecorder(MainProcessHook):
 
     def after_epoch(self):
         t, s = self.trainer, self.trainer.state
-        secs = round(self._secs0 + time.monotonic() - self._t0, 3)
+        secs = round(self._secs0 + t.control.clock() - self._t0, 3)
         self.record['epochs'].append({**_plain_dict(t.epoch_results), 'epoch': s.epoch + 1, 'step': s.step,
                                       'samples': s.samples, 'seconds': secs})
         self.save()
@@ -204,7 +201,7 @@ class RunRecorder(MainProcessHook):
         "Bring the record up to date (the per-step points from the `Recorder`) and write it, where it has a file."
         t, s, rec = self.trainer, self.trainer.state, self.record
         rec['steps'], rec['samples'], rec['epochs_done'] = s.step, s.samples, len(rec['epochs'])
-        rec['seconds'] = round(self._secs0 + time.monotonic() - self._t0, 3)
+        rec['seconds'] = round(self._secs0 + t.control.clock() - self._t0, 3)
         recs = [h for h in t.hooks if isinstance(h, Recorder)]
         if recs:   # the Recorder's arrays (no table built: this runs at each save)
             recs[0].sync()
@@ -212,7 +209,7 @@ class RunRecorder(MainProcessHook):
             mine = cols['step'] > rec['first_step']
             n = self.max_points
             rec['series'] = {k: _plain_list(_downsample(cols[k][mine], n)) for k in ('step', 'loss', 'lr')}
-        self._last_write = time.monotonic()
+        self._last_write = t.control.clock()
         self._look_again()
         if self.path is not None: _write_record(self.path, rec)
 
