@@ -76,7 +76,7 @@ class Change:
 # %% ../nbs/00_control.ipynb #11bd3219
 def check_lr(lr) -> float:
     "`lr` as a float, or a `ValueError` if it is not a positive finite number."
-    if not (isinstance(lr, (int, float)) and math.isfinite(lr) and lr > 0):
+    if isinstance(lr, bool) or not (isinstance(lr, (int, float)) and math.isfinite(lr) and lr > 0):
         raise ValueError(f"lr must be a positive number, got {lr!r}")
     return float(lr)
 

@@ -17,6 +17,7 @@ import torch
 import torch.nn.functional as F
 import yaml
 from .base import TrainerWarning
+from .control import check_lr
 from .core import Trainer, PrintMetrics
 from .recorder import Recorder
 from .progress import Progress
@@ -286,10 +287,11 @@ def _check_fit(fit: dict) -> dict:
     e, lr = fit['epochs'], fit['lr']
     if not (isinstance(e, int) and not isinstance(e, bool) and e >= 0):
         raise ConfigError(f"fit.epochs must be an int >= 0, got {e!r}")
-    if isinstance(lr, str) and lr != 'find':
-        raise ConfigError(f"fit.lr must be a positive number or 'find' (the LR finder's suggestion), got {lr!r}")
-    if not isinstance(lr, str) and not (isinstance(lr, (int, float)) and not isinstance(lr, bool) and lr > 0):
-        raise ConfigError(f"fit.lr must be a positive number or 'find' (the LR finder's suggestion), got {lr!r}")
+    if lr != 'find':
+        try: check_lr(lr)
+        except ValueError:
+            msg = f"fit.lr must be a positive number or 'find' (the LR finder's suggestion), got {lr!r}"
+            raise ConfigError(msg) from None
     if fit['resume'] is not None and not isinstance(fit['resume'], str):
         raise ConfigError(f"fit.resume must be 'last', 'best' or the path of a checkpoint, got {fit['resume']!r}")
     return fit

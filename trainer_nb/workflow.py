@@ -21,9 +21,8 @@ from .control import check_lr
 
 # %% ../nbs/15_workflow.ipynb #79b6b2b5
 def _positive(out: list, lr) -> list[float]:
-    if not all(isinstance(v, (int, float)) and v > 0 for v in out):
-        raise ValueError(f"learning rates must be positive numbers, got {lr!r}")
-    return [float(v) for v in out]
+    try: return [check_lr(v) for v in out]
+    except ValueError: raise ValueError(f"learning rates must be positive numbers, got {lr!r}") from None
 
 def group_lrs(lr, lrs: list[float]) -> list[float]:
     """The base LRs of the groups (now `lrs`) once `lr` is set: a number is the fastest group's, the others
