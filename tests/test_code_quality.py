@@ -160,17 +160,23 @@ FEATURES = ('recorder', 'progress', 'liveplot', 'hooks', 'inside', 'checkpoint',
             'background', 'adapters', 'workflow', 'monitor', 'registry', 'cli', 'launch', 'demo', 'metrics', 'schedule')
 
 
+ROOMS = ('control', 'hookset', 'state', 'evaluation', 'devices')   # the loop's rooms, on the floor below it
+
+
 def test_the_loop_imports_only_base():
-    """`trainer_nb/loop.py` sits on the floor above `base`: of the package's modules it imports `base` and `control`
-    (what other threads ask of a fit, on the loop's floor, itself importing `base` alone), and no
-    feature module is named in its code: no import of one (at the top or in a function, absolute or relative) and no
-    `trainer_nb.<feature>` in a string other than a docstring (a module looked up by name, `sys.modules[...]`). The
-    features reach the loop through what hooks declare (`base.Hook`) and what `core.Trainer` gives it."""
+    """`trainer_nb/loop.py` sits on the floor above `base`: of the package's modules it imports `base` and its own
+    rooms (what other threads ask of a fit, the hooks, the state, evaluation, the devices), each of which imports
+    `base` and other rooms only; and no feature module is named in its code: no import of one (at the top or in a
+    function, absolute or relative) and no `trainer_nb.<feature>` in a string other than a docstring (a module looked up
+    by name, `sys.modules[...]`). The features reach the loop through what hooks declare (`base.Hook`) and what
+    `core.Trainer` gives it."""
     path = LIB / 'loop.py'
     tree = ast.parse(path.read_text())
     ours = {m for m, *_ in lib_imports(path)}
-    assert ours == {'base', 'control'}, f"loop.py imports {sorted(ours)} of the package: base and control only"
-    assert {m for m, *_ in lib_imports(LIB / 'control.py')} == {'base'}, "control.py imports base alone"
+    assert ours == {'base', *ROOMS}, f"loop.py imports {sorted(ours)} of the package: base and its rooms only"
+    for room in ROOMS:
+        theirs = {m for m, *_ in lib_imports(LIB / f'{room}.py')}
+        assert theirs <= {'base', *ROOMS}, f"{room}.py imports {sorted(theirs)}: base and the loop's rooms only"
     named = []
     docs = {id(n.body[0].value) for n in ast.walk(tree)
             if isinstance(n, (ast.Module, ast.ClassDef, ast.FunctionDef)) and n.body
@@ -208,3 +214,21 @@ def test_trainer_methods_defined_once():
               'zero_grad', 'log', 'temporary'):
         owners = [c.__name__ for c in Trainer.__mro__ if m in vars(c)]
         assert len(owners) == 1, f"Trainer.{m} is defined in {owners}"
+
+
+def _class_lines(path) -> dict:
+    return {n.name: n.end_lineno - n.lineno + 1 for n in ast.parse(path.read_text()).body if isinstance(n, ast.ClassDef)}
+
+
+def test_rooms_stay_small():
+    """The loop is about the loop: the `Loop` class under 350 lines and loop.py under 800 (what is not the loop lives in
+    its rooms); no other class of the package over 400 lines and no module over 1,000 (lr_find.py is the largest)."""
+    loop = _class_lines(LIB / 'loop.py')['Loop']
+    assert loop < 350, f"Loop is {loop} lines: move what is not the loop to a room of its own"
+    n = len((LIB / 'loop.py').read_text().splitlines())
+    assert n < 800, f"loop.py is {n} lines"
+    big = [f"{name}.{c}: {k} lines" for name, path in modules().items() for c, k in _class_lines(path).items() if k > 400]
+    assert not big, big
+    long = [f"{name}.py: {k} lines" for name, path in modules().items()
+            if (k := len(path.read_text().splitlines())) > 1000]
+    assert not long, long

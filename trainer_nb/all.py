@@ -8,6 +8,10 @@ __all__ = []
 # %% ../nbs/09_all.ipynb #0c038747
 from .base import *
 from .control import *
+from .hookset import *
+from .state import *
+from .evaluation import *
+from .devices import *
 from .loop import *
 from .core import *
 from .recorder import *

@@ -4,15 +4,15 @@
 
 # %% ../nbs/00_control.ipynb #2b8f2e70
 from __future__ import annotations
-import math, threading, time
+import copy, math, signal, threading, time
 from typing import Callable, NamedTuple
 
 # %% auto #0
 __all__ = ['SETTERS', 'Pause', 'Change', 'check_lr', 'check_weight_decay', 'scale_lr', 'set_weight_decay', 'Setter', 'Control',
-           'ask_changes', 'wait_held']
+           'ask_changes', 'wait_held', 'FitStopped', 'Controls']
 
 # %% ../nbs/00_control.ipynb #5464daba
-from .base import rng_state, set_rng_state
+from .base import ResumePlan, rng_state, set_rng_state
 
 # %% ../nbs/00_control.ipynb #da18b3cc
 class Pause:
@@ -207,3 +207,131 @@ def wait_held(t, p: Pause):
     "Wait until the running fit holds at `p` (or ends: then there is nothing to hold)."
     while not p.reached.wait(0.05):
         if not t.running: return
+
+# %% ../nbs/00_control.ipynb #b4451275
+class FitStopped(KeyboardInterrupt):
+    """A fit ended by the stop button (`SIGINT`) or `Trainer.stop()`. `resumable`: it stopped between two batches, and
+    `Trainer.resume()` continues it; `where`: where it stopped, in words. A `KeyboardInterrupt`, so that it stops a
+    "run all"; IPython shows its one line."""
+    def __init__(self, msg: str = '', resumable: bool = False, where: str = ''):
+        super().__init__(msg)
+        self.resumable, self.where = resumable, where
+
+    def _render_traceback_(self) -> list[str]:   # IPython shows this in place of the traceback
+        return [f"\x1b[0;31m{type(self).__name__}\x1b[0m: {self}"]
+
+# %% ../nbs/00_control.ipynb #c44aa9cc
+class _PressedTwice(KeyboardInterrupt): "The stop button pressed again during a fit: stop now, inside the batch."
+
+class _StoppedFit:
+    "A fit stopped between two batches: what `resume()` needs to continue it exactly, a `ResumePlan` in memory first."
+    def __init__(self, t, done: int, fit_start: int, epochs, max_steps, eval_every):
+        s = t.state
+        self.plan = ResumePlan(path=None, state=copy.deepcopy(t.state_dict()), epoch=s.epoch, batch=done,
+                               epoch_rng=t._epoch_rng if done else None, rng=rng_state(t.train_loader),
+                               replay=any(h.replay_batches for h in t.hooks), fit_start=fit_start,
+                               stopped=None)
+        # the hyperparameters the schedules set (LR, momentum): `fit_one_cycle`... puts back its own when it ends
+        self.groups = {k: copy.deepcopy([{n: v for n, v in g.items() if n != 'params'} for g in o.param_groups])
+                       for k, o in t.optimizers.items()}
+        self.epochs, self.max_steps, self.eval_every = epochs, max_steps, eval_every
+        self.train_dl, self.valid_dl, self.scheduler_func = t.train_dl, t.valid_dl, t.scheduler_func
+        self.scheduled = False   # stopped in `fit_one_cycle`, `fit_cosine`...: resumed through the same door
+
+    def load(self, t) -> ResumePlan:
+        "Put back the optimizers' hyperparameters as the stop left them; the plan for `fit` to apply."
+        for k, o in t.optimizers.items():
+            for g, saved in zip(o.param_groups, self.groups[k]): g.update(saved)
+        return self.plan
+
+# %% ../nbs/00_control.ipynb #c1c72b96
+class Controls:
+    """What other threads ask of a trainer's fit, as the trainer's own methods (`stop`, `running`, `changes`...), all
+    kept by its `control`; and the refusal of a call from another thread while one runs in the background. A part of
+    the `Loop` (`trainer_nb.loop`), which derives from it."""
+    def stop(self):
+        """Ask the running fit to stop after the current batch (from any thread, or the stop button); `resume()` then
+        continues it."""
+        self.control.ask_stop()
+
+    @property
+    def stopping(self) -> bool:
+        "Whether a stop was asked (the stop button, or `stop()`) during the running (or the last) fit."
+        return self.control.stop_asked
+
+    @property
+    def running(self) -> bool:
+        "Whether a fit (or another call started with `background=True`) is running."
+        return self.fitting or (self.background is not None and not self.background.done.is_set())
+
+    @property
+    def changes(self) -> list[dict]:
+        "Each change of a setting made during this trainer's fits (`set`): step, iteration, epoch, name, old, new."
+        return self.control.changes
+
+    @property
+    def held(self):
+        "The `Pause` the running fit holds at (`paused()`), or None."
+        return self.control.held
+
+    @property
+    def paused_seconds(self) -> float:
+        "How long the running (or last) fit was held in pauses."
+        return self.control.paused_seconds
+
+    def _ask(self, request):
+        "Hand the running fit a request (a `Pause`, a `Change`): its loop takes it at the next step boundary."
+        self.control.ask(request)
+
+    def _check_free(self, what: str, held_ok: bool = False):
+        """Refuse to `what` from another thread while a call started with `background=True` runs (`held_ok`: unless
+        the fit is held in a pause); a fit waits for a background call that is `waited_for` (`lr_find`) to end first."""
+        bg = self.background
+        if bg is None or bg.done.is_set() or threading.current_thread() is bg.thread: return
+        if held_ok and self.held is not None: return
+        if bg.waited_for and what.startswith('start'):
+            print(f"Waiting for the {bg.what} running in the background to end first", flush=True)
+            bg.done.wait()
+            return
+        raise RuntimeError(f"Can't {what}: {bg.what} is running in the background on this trainer. trainer.wait() "
+                           "waits for it to end; trainer.stop() stops it after the batch (trainer.resume() continues "
+                           "it)" + ("; or hold it with `with trainer.paused():`" if held_ok else ""))
+
+    # ---- the stop button, and what a stopped fit leaves (the loop's `_run` calls these)
+    def _catch_stop_button(self):
+        """In the main thread of a single process, make the stop button (`SIGINT`) ask this trainer's fit to stop after
+        the batch, and a second press stop it at once. Returns what `_release_stop_button` puts back (None: nothing)."""
+        if threading.current_thread() is not threading.main_thread() or self.accelerator.num_processes > 1: return None
+        def pressed(signum, frame):
+            if not self.fitting: raise KeyboardInterrupt   # (its hooks' end: as without the trainer)
+            if self.control.stop_asked: raise _PressedTwice()
+            self.stop()
+        return (signal.signal(signal.SIGINT, pressed),)
+
+    @staticmethod
+    def _release_stop_button(old):
+        if old is not None: signal.signal(signal.SIGINT, signal.SIG_DFL if old[0] is None else old[0])
+
+    def _stopped_fit(self, done: int, fit_start: int, epochs, max_steps, eval_every) -> FitStopped:
+        """Keep what `resume()` needs (not in a quick check); the exception `fit` raises, its line saying where it
+        stopped."""
+        s, n = self.state, self.state.n_batches
+        if not self.dev_run: self._stopped = _StoppedFit(self, done, fit_start, epochs, max_steps, eval_every)
+        left = n and math.ceil((n - done) / self.grad_accum) + (s.epochs - s.epoch - 1) * self.steps_per_epoch
+        total = s.max_step or (n and s.step + left)
+        where = (f"at epoch {s.epoch + 1} of {s.epochs}, batch {done}" + (f" of {n}" if n else '') if done
+                 else f"before epoch {s.epoch + 1} of {s.epochs}")
+        how = "trainer.resume() continues this fit." if not self.dev_run else "A quick check: nothing to resume."
+        where += f" (step {s.step}" + (f" of {total}" if total else '') + ")"
+        return FitStopped(f"Stopped {where}. {how}", resumable=not self.dev_run, where=where)
+
+    def _interrupted(self, e: BaseException) -> BaseException:
+        "A second press of the stop button: a `FitStopped` that says where, and that the fit can't be resumed."
+        if not isinstance(e, _PressedTwice): return e
+        s = self.state
+        where = (f"inside batch {s.batch + 1} of epoch {s.epoch + 1}" if self.phase == 'train' else
+                 f"while validating in epoch {s.epoch + 1}" if self.phase in ('valid', 'valid_step') else
+                 f"in epoch {s.epoch + 1}")
+        return FitStopped(f"Interrupted {where} (the stop button pressed twice): cut short there, this fit can't be "
+                          "continued exactly (trainer.resume() refuses); the weights are as it left them")
+

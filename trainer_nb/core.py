@@ -19,7 +19,8 @@ from accelerate.utils import set_seed
 from .base import MainProcessHook, set_rng_state, TrainerWarning, EventCalls
 # what `from trainer_nb.core import ...` gives besides the Trainer, as it always has
 from .base import EVENTS, CancelBatch, CancelEpoch, CancelFit, Hook  # noqa: F401
-from .loop import Loop, FitStopped, log_scalar  # noqa: F401
+from .control import FitStopped  # noqa: F401
+from .loop import Loop, log_scalar  # noqa: F401
 from .schedule import one_cycle, cosine, constant
 from .recorder import Recorder
 from .progress import Progress
@@ -43,7 +44,7 @@ def _start_background(t, what: str, call):
         raise RuntimeError(f"{what}(background=True) runs the call in a thread of this process, and this trainer "
                            f"trains on {n} processes, which must all run it together: call {what} without background= "
                            "(under launch the notebook's kernel shows rank 0's live view, and stays free, already)")
-    t._check_free(f'start {what}' if what != 'lr_find' else 'start lr_find')
+    t._check_free(f'start {what}')
     if t.fitting: raise RuntimeError(f"Can't start {what} in the background from inside a fit")
     t._check_alone()
     t.control.keep()   # (what is asked from here on is for the call's fit)
@@ -51,7 +52,7 @@ def _start_background(t, what: str, call):
     def run():
         try: return call()
         finally: t.control.kept = False   # (the call may end before any fit began)
-    t.background = BackgroundFit(t, run, what)
+    t.background = BackgroundFit(t, run, what, waited_for=what == 'lr_find')   # (a fit waits for a sweep to end)
 
 def _background_door(f):
     "The door `f` of `Trainer`, whose `background=True` (a keyword argument of it) runs the call in the background."

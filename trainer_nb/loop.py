@@ -4,38 +4,39 @@
 
 # %% ../nbs/00_base_loop.ipynb #c02b05d5
 from __future__ import annotations
-import contextlib, copy, functools, inspect, itertools, math, signal, sys, threading, traceback, warnings
+import functools, inspect, itertools, math, threading, traceback, warnings
 from collections.abc import Mapping, Sequence
 
 # %% auto #0
-__all__ = ['Loop', 'FitStopped', 'log_scalar']
+__all__ = ['Loop', 'log_scalar']
 
 # %% ../nbs/00_base_loop.ipynb #31c5245c
 import torch
-from torch.utils.data import DataLoader, IterableDataset
-from accelerate import Accelerator, skip_first_batches
-from accelerate.state import AcceleratorState, PartialState
-from accelerate.utils import (DistributedType, concatenate, find_device, honor_type, pad_across_processes,
-                               parse_flag_from_env, recursively_apply, send_to_device)
+from torch.utils.data import IterableDataset
+from accelerate import skip_first_batches
+from accelerate.utils import DistributedType
 from accelerate.utils.memory import clear_device_cache
 
 # %% ../nbs/00_base_loop.ipynb #36d0931d
-from .control import Control, check_lr
-from .base import (EVENTS, CancelBatch, CancelEpoch, CancelFit, EventCalls, Hook, LoopState, LossLog,
-                             LoggedValues, NonFiniteError, RESERVED, ResumePlan, TrainerWarning, annotate, as_table,
-                             batch_size, check_idle, has_len, hooks_of, name_of, rng_state, set_rng_state, to_cpu,
-                             unknown_events)
+from .control import Control, Controls, FitStopped
+from .hookset import HookSet
+from .state import TrainerState, loader_parts
+from .evaluation import Evaluation, check_loss
+from .devices import Devices
+from .base import (CancelBatch, CancelEpoch, CancelFit, EventCalls, LoopState, LossLog, LoggedValues,
+                             NonFiniteError, TrainerWarning, annotate, batch_size, has_len, rng_state,
+                             set_rng_state)
 
 # %% ../nbs/00_base_loop.ipynb #f6682260
-class Loop:
+class Loop(Controls, HookSet, TrainerState, Evaluation, Devices):
     """The loop under `trainer_nb.core.Trainer`, which derives from it: fit's lifecycle (`_run`), the epoch, the batch
-    and the optimizer step; evaluation and prediction; the hooks; the state; the stop. It names no feature: what it
-    needs of them, the `Trainer` gives it (the three slots below), and hooks declare what it must know of them
-    (`trainer_nb.base.Hook`)."""
+    and the optimizer step. What is not the loop sits in rooms of its own, which it derives from: what other threads
+    ask (`Controls`), the hooks (`HookSet`), the state (`TrainerState`), evaluation and prediction (`Evaluation`), the
+    accelerator and the device (`Devices`). It names no feature: what it needs of them, the `Trainer` gives it (the
+    slots below), and hooks declare what it must know of them (`trainer_nb.base.Hook`)."""
     # what the features give the loop, set by `trainer_nb.core.Trainer` (the loop imports none of them)
     _non_finite_here = None   # `(batch, what) -> error`: a non-finite loss or gradients, where it started (`inside`)
     _grads_finite = None      # `(grads) -> bool`: are they all finite (`nan_policy='raise_grads'`; `inside`)
-    _acc_state = ({}, {})     # Accelerate's state as this trainer has it, once made (see `_own_state`)
 
     def _init_loop(self):
         "The loop's own state before any fit (the constructor calls it once the model and optimizers are made)."
@@ -49,26 +50,15 @@ class Loop:
         self.compile_time = None   # seconds the first batch took with `compile=` (the `CompileTimer` hook sets it)
         self.schedulers, self._prepared, self._inputs = {}, {}, None   # (`_inputs`: what the model's forward takes)
         self._calls = EventCalls()     # (bound anew by each fit)
-        self._acc_state = _acc_snapshot()   # Accelerate's state as this trainer has it (see `_own_state`)
+        self._keep_state()   # Accelerate's state as this trainer has it (see `Devices._own_state`)
         self._plain = _Plain(self)
-
-    @staticmethod
-    def _checked_args(model, mixed_precision, grad_accum, nan_policy, lr, metrics, optimizers, manual, train_step):
-        "Refuse arguments the loop can't work with, saying what it needs; `metrics` as a list (`_metric_list`)."
-        return _check_args(model, mixed_precision, grad_accum, nan_policy, lr, metrics, optimizers, manual, train_step)
-
-    @staticmethod
-    def _accelerator_for(accelerator, mixed_precision, grad_accum, cpu, log_with, project_dir) -> Accelerator:
-        "The accelerator given (warning about the arguments it overrides), or a new one, in this trainer's precision."
-        return _accelerator(accelerator, mixed_precision, grad_accum, cpu, log_with, project_dir)
-
     # ---- the loop: run -> epoch -> batch -> optimizer step ----
     def _run(self, epochs: int | None, max_steps: int | None = None, eval_every: int | None = None, resume=None):
         """Fit's lifecycle, once `fit` has checked its arguments and set the LRs: the counters and schedulers of the
         fit, the hooks bound, then the epochs, each event's hooks called, and whatever ends it (the end, a `CancelFit`,
         a stop, an error) cleaned up. `resume`: `() -> position`, which puts the trainer where a resumed fit
         continues (`trainer.resumed`, a `ResumePlan`) once the schedulers are made; the position in its first epoch."""
-        _own_state(self)   # Accelerate's device and precision this trainer's (another's may be the process's)
+        self._own_state()   # Accelerate's device and precision this trainer's (another's may be the process's)
         s, dl = self.state, self.train_loader
         s.n_batches = has_len(dl) or 0
         s.epochs, s.max_step = _fit_end(self, epochs, max_steps)
@@ -83,7 +73,7 @@ class Loop:
         self.fitting, self.cancelled, self.phase, self._stopped = True, None, None, None
         self._fit_thread = threading.current_thread()
         _ACTIVE.append(self)   # where `log_scalar` sends values
-        old_sigint = _catch_stop_button(self)   # the stop button asks for a stop after the batch (see below)
+        old_sigint = self._catch_stop_button()   # the stop button asks for a stop after the batch (see below)
         try:
             self._calls.run('before_fit')
             while s.epoch < s.epochs and not (s.max_step and s.step >= s.max_step):
@@ -96,11 +86,11 @@ class Loop:
             self._calls.run_all('after_cancel')
         except _StopHere as e:   # the stop button (or `stop()`) between two batches: `resume()` continues
             _cleanup(self)
-            self.cancelled = stop = _stopped_fit(self, e.done, fit_start, epochs, max_steps, eval_every)
+            self.cancelled = stop = self._stopped_fit(e.done, fit_start, epochs, max_steps, eval_every)
             self._calls.run_all('after_cancel')
             raise stop from None
         except BaseException as e:
-            self.cancelled = e = _interrupted(self, e)   # (the stop button pressed twice: a short message)
+            self.cancelled = e = self._interrupted(e)   # (the stop button pressed twice: a short message)
             _explain(self, e)
             _cleanup(self)
             self._calls.run_all('after_cancel')
@@ -113,8 +103,7 @@ class Loop:
             try: self._calls.run_all('after_fit')
             finally:
                 self.resumed = None
-                _release_stop_button(old_sigint)
-
+                self._release_stop_button(old_sigint)
     def _epoch(self, dl, start=None):
         "One epoch: its batches (from `start`, a resumed position, if given), its losses to the host, validation."
         s, calls = self.state, self._calls
@@ -146,7 +135,6 @@ class Loop:
         try:
             if calls['after_epoch']: calls.run('after_epoch')
         except CancelEpoch: pass       # the remaining after_epoch hooks are skipped
-
     def _batches(self, batches, stop: float, every: int | None):
         """The epoch's batches, each by `_train_batch`; between two, a validation when `eval_every` steps are done, the
         end at `max_steps` (`stop`), and what other threads asked (`_take_requests`) at a step."""
@@ -158,7 +146,6 @@ class Loop:
             s.batch += 1
             if s.step >= stop: break   # `max_steps` reached: the epoch ends here, and the fit with it
             if control.asked and self.accelerator.sync_gradients: self._take_requests(s.batch)   # (at a step)
-
     def _train_batch(self, batch):
         "One batch: its pass (`_pass`); the batch counted; when one is due, the optimizer step; `after_batch`."
         s, calls, p = self.state, self._calls, self._plain
@@ -177,7 +164,6 @@ class Loop:
         except CancelBatch: pass   # the batch is done: only the remaining after_batch hooks are skipped
         finally:   # no graph kept between batches but one whose backward pass ran (`_held`: see `_short_epoch`)
             self._held, self.loss, self.preds, self.out = self.loss if self._backward_done else None, None, None, None
-
     def _short_epoch(self, batches, stop: float, every: int | None):
         """`_batches` and `_train_batch` in one frame, for the fit most fits are (`_Plain.short`, chosen once per fit):
         one process, a step every batch, `loss_func(model(x), y)`, no hook inside the batch (`before_batch` to
@@ -199,7 +185,7 @@ class Loop:
                     if type(out) is torch.Tensor and key is None: self.preds = preds = out
                     else: self.out, self.preds = out, (preds := _out_parts(out, key)[1])
                     loss = self.loss = loss_of(preds, y)
-                    if type(loss) is not torch.Tensor or loss.ndim: _check_loss(loss, "loss_func's result")
+                    if type(loss) is not torch.Tensor or loss.ndim: check_loss(loss, "loss_func's result")
                     kept = keep(loss)
                     pending.append(kept)
                     if check and not math.isfinite(kept): raise self._non_finite_here(batch, 'loss')
@@ -234,7 +220,6 @@ class Loop:
             s.batch += 1
             if s.step >= stop: break
             if control.asked and self.accelerator.sync_gradients: self._take_requests(s.batch)
-
     def _pass(self, batch) -> tuple:
         """The batch's passes: `before_batch`, forward, `after_pred`, loss, `after_loss`, backward, `after_backward`.
         Returns `(batch, due)`: the batch as `before_batch` left it, and whether an optimizer step ends it."""
@@ -263,7 +248,6 @@ class Loop:
             _drop_batch(self)
             return batch, False
         return batch, due
-
     def _step(self):
         "The optimizer step that ends a batch or an accumulation group."
         calls, p = self._calls, self._plain
@@ -278,12 +262,10 @@ class Loop:
             s.step += 1   # counted, then `after_step` (as `_stepped` does for a manual train_step's steps)
             if calls['after_step']: calls.run('after_step')
         else: p.zero_grad()
-
     def _stepped(self):
         "Count an optimizer step that changed the weights, and run `after_step`."
         self.state.step += 1
         if self._calls['after_step']: self._calls.run('after_step')
-
     def backward(self, loss: torch.Tensor):
         """Backward pass of `loss` through Accelerate (scaled under fp16, divided by `grad_accum`); in manual mode,
         then the `after_backward` hooks. A subclass may override it."""
@@ -291,17 +273,14 @@ class Loop:
         if self.manual and self.fitting:
             self._backward_done = True
             if self._calls['after_backward']: self._calls.run('after_backward')
-
     def optimizer_step(self):
         "Clip the gradients to `max_grad_norm` (when set) and step the optimizer. A subclass may override it."
         if self.max_grad_norm is not None: self.accelerator.clip_grad_norm_(self.model.parameters(), self.max_grad_norm)
         self._plain.opt.step()
-
     def zero_grad(self, opt=None):
         "Forget the gradients of optimizer `opt` (a name in `optimizers`, or one of them; default: the first)."
         o = self._plain.opt if opt is None and self.fitting else _named_opt(self, opt)[1]
         o.zero_grad(set_to_none=True)
-
     def step(self, opt=None) -> bool:
         """In a manual `train_step`, after `backward`: when an accumulation group ends, unscale and clip `opt`'s
         gradients, step it and its scheduler, zero its gradients. Returns whether the optimizer stepped."""
@@ -321,7 +300,6 @@ class Loop:
             if name in self.schedulers: self.schedulers[name].step()
         o.zero_grad(set_to_none=True)
         return stepped
-
     def _forward(self, batch, train: bool) -> tuple:
         """`(loss, preds, targets)` of a batch, for training and evaluation alike: `train_step` / `eval_step` when
         given, else `loss_func(model(*inputs), targets)`, else `model(**batch)` returning its own loss. The model's
@@ -334,7 +312,7 @@ class Loop:
             self.preds = out.get('preds')
             if after_pred: self._calls.run('after_pred')
             loss = out.get('loss')
-            if train: _check_loss(loss, "train_step's 'loss'")
+            if train: check_loss(loss, "train_step's 'loss'")
             return loss, self.preds, out.get('targets')
         if self.loss_func is not None:
             if type(batch) in _PAIR and len(batch) == 2:   # `(x, y)`, the common case: no call, no ABC check
@@ -351,7 +329,7 @@ class Loop:
             if after_pred: self._calls.run('after_pred')
             if not train: return (_loss_of(self, self.preds, y) if y is not None else None), self.preds, y
             loss = self._plain.loss_of(self.preds, y)   # (`loss_func`, or `_loss_of` for one that sums)
-            if type(loss) is not torch.Tensor or loss.ndim: _check_loss(loss, "loss_func's result")
+            if type(loss) is not torch.Tensor or loss.ndim: check_loss(loss, "loss_func's result")
             return loss, self.preds, y
         if not isinstance(batch, Mapping): raise TypeError(_NOT_A_DICT.format(type(batch).__name__))
         inputs, items = _model_inputs(self, batch), self._plain.items if train else None
@@ -359,153 +337,12 @@ class Loop:
         out = self.out = self.model(**inputs)
         loss, self.preds = _out_parts(out, self.preds_key)
         if after_pred: self._calls.run('after_pred')
-        if train: _check_loss(loss, "the model's loss")
+        if train: check_loss(loss, "the model's loss")
         return loss, self.preds, batch.get('labels')
 
-    # ---- evaluation ----
-    def evaluate(self, dl=None) -> dict:
-        """`{'valid_loss': ..., <metric>: ...}` over `dl` (default: `valid_dl`), over every process's samples; for a
-        `valid_dl` of named loaders, each one's results under its name (`valid_<name>_loss`, `valid_<name>_<m>`)."""
-        self._check_free('evaluate', held_ok=True)
-        if dl is None and isinstance(self.valid_dl, Mapping):
-            self.valid_results = res = {k: v for name, d in self.valid_dl.items()
-                                        for k, v in _named_results(name, self.evaluate(d)).items()}
-            return res
-        items = _metric_items(self.metrics)
-        stream = [(n, m) for n, m, _ in items if _is_streaming(m)]
-        for _, m in stream: _reset(m, self.device)
-        loss, preds, targets = _run_eval(self, dl if dl is not None else self.valid_dl,
-                                         keep_preds=len(stream) < len(items), stream=stream)
-        res = {'valid_loss': loss}
-        for name, m, keyed in items:
-            v = _computed(name, m) if _is_streaming(m) else _plain_metric(name, m, preds, targets)
-            _add_result(res, name, keyed, v)
-        self.valid_results = res
-        return res
-
-    def predict(self, dl):
-        """`(preds, targets)` over `dl`, gathered from all processes, on the CPU (`targets` None if unlabelled);
-        `preprocess_preds` applied, ragged ones padded with `pad_index`."""
-        self._check_free('predict', held_ok=True)
-        _, preds, targets = _run_eval(self, dl, keep_preds=True)
-        return preds, targets
-
-    # ---- hooks ----
-    def add_hooks(self, *hooks):
-        "Add hooks (instances, or classes to instantiate); they run sorted by `order`, ties in the order added."
-        self._check_free('add hooks')
-        check_idle(self, 'add hooks')
-        for h in hooks:
-            if isinstance(h, type): h = h()
-            if not isinstance(h, Hook):
-                raise TypeError(f"hooks must be Hook instances (subclass trainer_nb.base.Hook), got {type(h).__name__}")
-            h.trainer = self
-            self.hooks.append(h)
-        self.hooks.sort(key=lambda h: h.order)   # stable: ties keep insertion order
-        return self
-
-    def remove_hooks(self, *hooks):
-        "Remove hooks, given as instances or classes (every hook of that class)."
-        self._check_free('remove hooks')
-        check_idle(self, 'remove hooks')
-        for h in hooks:
-            gone = [x for x in self.hooks if (isinstance(x, h) if isinstance(h, type) else x is h)]
-            if not gone: raise ValueError(f"{h!r} is not among this trainer's hooks")
-            for x in gone:
-                self.hooks.remove(x)
-                x.trainer = None
-        return self
-
-    def get_hook(self, cls):
-        "The one hook of class `cls` (or a subclass); an error if there is none or several."
-        found = [h for h in self.hooks if isinstance(h, cls)]
-        if len(found) != 1:
-            raise LookupError(f"{'No' if not found else len(found)} hooks of type {cls.__name__} "
-                              f"(hooks: {[h.name for h in self.hooks]})")
-        return found[0]
-
-    def hook_keys(self) -> list[tuple[str, Hook]]:
-        "`(key, hook)` per hook: its class name, numbered `Name#2`... when a class recurs (the keys of `state_dict`)."
-        seen, out = {}, []
-        for h in self.hooks:
-            n = seen[h.name] = seen.get(h.name, 0) + 1
-            out.append((h.name if n == 1 else f'{h.name}#{n}', h))
-        return out
-
-    def describe_hooks(self):
-        """A table, one row per event, of the hooks that run there in order (unknown `before_*/after_*` methods are
-        flagged); after `fit(fast_dev_run=True)`, a column of the hooks that ran at each event in that run."""
-        return _hook_table(self)
-
-    # ---- state ----
-    @property
-    def lrs(self) -> list[float]:
-        "The base learning rate of each parameter group: what a schedule starts from (`lr` sets them, `scale_lr` too)."
-        return list(self._lrs)
-    @lrs.setter
-    def lrs(self, lrs): self._lrs = [float(x) for x in lrs]
-
-    @property
-    def opt(self):
-        "The (first) optimizer, as Accelerate prepared it."
-        return next(iter(self.optimizers.values()))
-
-    @property
-    def scheduler(self):
-        "The first optimizer's scheduler in the current (or last) fit, or None."
-        return self.schedulers.get(next(iter(self.optimizers)))
-
-    def state_dict(self, hooks: bool = True) -> dict:
-        """The trainer's own state: counters, base LRs, schedulers, the accumulation position, the loss log and logged
-        values (tensors) and, with `hooks`, each hook's `state_dict()` by `hook_keys()`. Not the model, optimizers,
-        grad scaler or random generators: Accelerate's `save_state` and `rng_state` hold those."""
-        return {'state': self.state.state_dict(), 'lrs': list(self._lrs),
-                'schedulers': {k: s.state_dict() for k, s in self.schedulers.items()},
-                'accum_step': int(self.accelerator.step), 'grad_accum': self.grad_accum,
-                'losses': self.losses.state_dict(), 'logged': self.logged.state_dict(), 'changes': list(self.changes),
-                'hooks': {k: h.state_dict() for k, h in self.hook_keys()} if hooks else None}
-
-    def load_state_dict(self, sd: dict):
-        "Put back a `state_dict()` (hooks that run on the main process only load theirs there only)."
-        if set(sd['schedulers']) != set(self.schedulers):
-            raise ValueError(f"The state was saved with schedulers for {sorted(sd['schedulers']) or 'no optimizer'}, "
-                             f"and this trainer has them for {sorted(self.schedulers) or 'none'}")
-        self.state.load_state_dict(sd['state'])
-        self._lrs = list(sd['lrs'])
-        for k, v in sd['schedulers'].items(): self.schedulers[k].load_state_dict(v)
-        self.accelerator.step = sd['accum_step']
-        if 'losses' in sd: self.losses.load_state_dict(sd['losses'])
-        if 'logged' in sd: self.logged.load_state_dict(sd['logged'])
-        self.control.changes = list(sd.get('changes', []))
-        if sd.get('hooks') is not None: _load_hook_states(self, sd['hooks'])
-
-    @contextlib.contextmanager
-    def temporary(self, hooks=None, rewind: bool = False, **attrs):
-        """For the block: `hooks` in place of the trainer's own (if given) and each attribute of `attrs` set; all put
-        back afterwards, however the block ends. `rewind`: also undo what a fit in the block changed (see below)."""
-        check_idle(self, 'change the trainer')
-        unknown = [k for k in attrs if not hasattr(self, k)]
-        if unknown: raise AttributeError(f"Trainer has no attribute {', '.join(map(repr, unknown))} to set")
-        snap = _Rewind(self, hooks=hooks is None) if rewind else None
-        old, old_hooks = {k: getattr(self, k) for k in attrs}, self.hooks
-        try:
-            for k, v in attrs.items(): setattr(self, k, v)
-            if hooks is not None:
-                self.hooks = []
-                self.add_hooks(*hooks)
-            yield self
-        except FitStopped as e:   # stopped inside a block that undoes its fit (`lr_find`...): nothing to resume
-            if snap is None or not e.resumable: raise
-            raise FitStopped("Stopped; the trainer is put back as it was before (this call undoes what it trains): "
-                             "nothing to resume") from None
-        finally:
-            if hooks is not None:
-                for h in self.hooks: h.trainer = None
-                self.hooks = old_hooks
-                for h in old_hooks: h.trainer = self   # (one of them may have been among `hooks`)
-            for k, v in old.items(): setattr(self, k, v)
-            if snap is not None: snap.restore()
-
+    def _eval_loss(self, preds, y):
+        "The loss of `preds` against `y` in an evaluation (`_loss_of`: a summing loss divided by its items)."
+        return _loss_of(self, preds, y)
     def flush_losses(self):
         """Move pending losses (and logged values) to the host, one transfer, and check every loss moved since the
         last check: with `nan_policy='raise'` a non-finite one raises, naming its epoch, batch and iteration. (Where the
@@ -514,94 +351,9 @@ class Loop:
         self.logged.flush()
         bad = self.losses.check()
         if bad is not None and self.nan_policy != 'skip': raise _non_finite_error(self, bad)
-
-    def log(self, name: str, value):
-        "Record `value` (a number or a one-element tensor, kept on its device) under `name`; see below."
-        if name not in self.logged and (name in RESERVED or name in map(name_of, self.metrics)):
-            raise ValueError(f"Can't log under {name!r}: the trainer reports its own {name!r}")
-        self.logged.add(name, value)
-
-    @property
-    def train_loader(self):
-        "The data loader `fit` iterates: `train_dl`, prepared by Accelerate unless that would only copy CPU tensors."
-        dl, acc = self.train_dl, self.accelerator
-        if dl is None or (acc.num_processes == 1 and self.grad_accum == 1 and acc.device.type == 'cpu'): return dl
-        return self.prepared(dl)
-
-    def prepared(self, dl):
-        "`dl` prepared by Accelerate for this trainer (once per loader)."
-        key = id(dl)
-        if key not in self._prepared or self._prepared[key][0] is not dl:
-            self._prepared[key] = (dl, self.accelerator.prepare(dl))
-        return self._prepared[key][1]
-
-    @property
-    def steps_per_epoch(self) -> int:
-        "Optimizer steps in an epoch of the current (or last) fit (a last, shorter accumulation group too); 0: unknown."
-        return math.ceil(self.state.n_batches / self.grad_accum)
-
-    @property
-    def device(self) -> torch.device:
-        "This trainer's device: Accelerate's when the trainer was made (another trainer's may be the process's now)."
-        return self._acc_state[0].get('device') or self.accelerator.device
-
-    @property
-    def is_main_process(self) -> bool: return self.accelerator.is_main_process
-
-    @property
-    def unwrapped_model(self) -> torch.nn.Module:
-        return self.accelerator.unwrap_model(self.model, keep_torch_compile=False)   # (not the compiled wrapper)
-
-    def result_names(self, valid: bool | None = None) -> list[str]:
-        """The names of an epoch's results (`epoch_results`, the history's columns) as far as they are known before a
-        fit: `epoch`, `train_loss`, with a `valid_dl` (or `valid=True`) `valid_loss` and the metrics' names, what `log`
-        recorded so far, `time`. A metric whose result is a dict, `log` and hooks may add others when they report."""
-        if valid is None: valid = self.valid_dl is not None
-        metrics = [n for item in _metric_items(self.metrics) for n in _result_names(*item)] if valid else []
-        names = ['valid_loss', *metrics] if valid else []
-        if valid and isinstance(self.valid_dl, Mapping):   # named loaders: `valid_<name>_loss`, `valid_<name>_<metric>`
-            names = [k for name in self.valid_dl for k in _named_results(name, dict.fromkeys(names))]
-        return ['epoch', 'train_loss', *names, *self.logged, 'time']
-
-    # ---- stop, and what other threads ask ----
-    def stop(self):
-        """Ask the running fit to stop after the current batch (from any thread, or the stop button); `resume()` then
-        continues it."""
-        self.control.ask_stop()
-
-    @property
-    def stopping(self) -> bool:
-        "Whether a stop was asked (the stop button, or `stop()`) during the running (or the last) fit."
-        return self.control.stop_asked
-
-    @property
-    def running(self) -> bool:
-        "Whether a fit (or another call started with `background=True`) is running."
-        return self.fitting or (self.background is not None and not self.background.done.is_set())
-
-    @property
-    def changes(self) -> list[dict]:
-        "Each change of a setting made during this trainer's fits (`set`): step, iteration, epoch, name, old, new."
-        return self.control.changes
-
-    @property
-    def held(self):
-        "The `Pause` the running fit holds at (`paused()`), or None."
-        return self.control.held
-
-    @property
-    def paused_seconds(self) -> float:
-        "How long the running (or last) fit was held in pauses."
-        return self.control.paused_seconds
-
-    def _ask(self, request):
-        "Hand the running fit a request (a `Pause`, a `Change`): its loop takes it at the next step boundary."
-        self.control.ask(request)
-
     def _take_requests(self, done: int):
         "At a step boundary (`done` batches of the epoch done): what other threads asked (`Control.take`), then a stop."
         if self.control.take(self, self._calls.run): raise _StopHere(done)
-
     def _check_fit(self, epochs, max_steps=None, eval_every=None):
         "Refuse a fit that can't run: its lengths, its loaders, a fit already running, another accumulating beside it."
         if epochs is None and max_steps is None: raise ValueError("fit needs epochs, max_steps or both")
@@ -618,7 +370,6 @@ class Loop:
         _check_valid(self.valid_dl)
         if self.fitting: raise RuntimeError("fit is already running")
         self._check_alone()
-
     def _check_alone(self):
         "Refuse a fit beside another trainer's when either accumulates gradients (Accelerate's state for it is one)."
         others = [o for o in _ACTIVE if o is not self]
@@ -626,33 +377,6 @@ class Loop:
             raise RuntimeError("Two trainers can't fit at once when either accumulates gradients (grad_accum > 1): "
                                "Accelerate keeps where an accumulation group stands in one state for the whole "
                                "process. Let the other fit end first (trainer.wait())")
-
-    def _check_free(self, what: str, held_ok: bool = False):
-        """Refuse to `what` from another thread while a call started with `background=True` runs (`held_ok`: unless
-        the fit is held in a pause); a fit waits for a background `lr_find` to end first."""
-        bg = self.background
-        if bg is None or bg.done.is_set() or threading.current_thread() is bg.thread: return
-        if held_ok and self.held is not None: return
-        if bg.what == 'lr_find' and what.startswith('start'):
-            print("Waiting for the LR finder running in the background to end first", flush=True)
-            bg.done.wait()
-            return
-        raise RuntimeError(f"Can't {what}: {bg.what} is running in the background on this trainer. trainer.wait() "
-                           "waits for it to end; trainer.stop() stops it after the batch (trainer.resume() continues "
-                           "it)" + ("; or hold it with `with trainer.paused():`" if held_ok else ""))
-
-
-# %% ../nbs/00_base_loop.ipynb #0727b65b
-class FitStopped(KeyboardInterrupt):
-    """A fit ended by the stop button (`SIGINT`) or `Trainer.stop()`. `resumable`: it stopped between two batches, and
-    `Trainer.resume()` continues it; `where`: where it stopped, in words. A `KeyboardInterrupt`, so that it stops a
-    "run all"; IPython shows its one line."""
-    def __init__(self, msg: str = '', resumable: bool = False, where: str = ''):
-        super().__init__(msg)
-        self.resumable, self.where = resumable, where
-
-    def _render_traceback_(self) -> list[str]:   # IPython shows this in place of the traceback
-        return [f"\x1b[0;31m{type(self).__name__}\x1b[0m: {self}"]
 
 # %% ../nbs/00_base_loop.ipynb #d56ab1b8
 _ACTIVE = []   # the trainers whose fit is running (the innermost last): where `log_scalar` sends values
@@ -717,19 +441,6 @@ def _check_out(out, what='train_step') -> dict:
         raise TypeError(f"{what} must return a dict holding at least 'loss', got {type(out).__name__}: "
                         "return {'loss': loss} (add 'preds'/'targets' for metrics)")
     return out
-
-_MISSING = {"train_step's 'loss'": "train_step's dict has no 'loss': return {'loss': loss, ...}",
-            "the model's loss": "With dict batches the model output needs a `.loss` (or ['loss']); "
-                                "otherwise pass loss_func= or train_step="}
-
-def _check_loss(loss, what='the loss'):
-    if loss is None and what in _MISSING: raise ValueError(_MISSING[what])
-    if not isinstance(loss, torch.Tensor):
-        raise TypeError(f"{what} must be a scalar torch.Tensor that requires grad, got {type(loss).__name__}: "
-                        "return the tensor itself, not loss.item() or a float")
-    if loss.ndim != 0:
-        raise ValueError(f"{what} must be a scalar, got shape {tuple(loss.shape)}: reduce it (e.g. .mean())")
-    return loss
 
 def _eval_step_of(t):
     "The step function evaluation calls (None: the loss function or the model's own loss)."
@@ -939,10 +650,6 @@ def _check_valid(valid_dl):
             raise ValueError(f"valid_dl{'' if k is None else f'[{k!r}]'} yields no batches (is the dataset empty?): "
                              "pass a non-empty one, or None")
 
-def _named_results(name: str, res: dict) -> dict:
-    "One named validation loader's results: `valid_loss` as `valid_<name>_loss`, a metric `m` as `valid_<name>_m`."
-    return {f"valid_{name}_{'loss' if k == 'valid_loss' else k}": v for k, v in res.items()}
-
 # %% ../nbs/00_base_loop.ipynb #416f5293
 def _fit_end(t, epochs, max_steps) -> tuple[int, int]:
     """`(epochs, max_step)` of the state for a fit of `epochs` and/or `max_steps`: with no `epochs`, as many as the
@@ -972,27 +679,11 @@ def _make_schedulers(t, epochs, max_steps=None) -> dict:
 # %% ../nbs/00_base_loop.ipynb #e76edebd
 _END = object()
 
-def _is_on(d, dev) -> bool:
-    """Is device `d` (a tensor's: `cuda:0`) the device `dev`? One process's Accelerator names its GPU `cuda`, with
-    no index: the current GPU, which `torch.device('cuda:0') == torch.device('cuda')` does not take it for."""
-    if d is None or d.type != dev.type: return False
-    i = torch.cuda.current_device() if dev.index is None and dev.type == 'cuda' else dev.index
-    return i is None or d.index == i
-
-def _on_device(t, dl, it):
-    """Iterator `it` over `dl`'s batches, each sent to the trainer's device where nothing else moves it: a list or a
-    generator of CPU tensors on a GPU (Accelerate prepares, and moves the batches of, `DataLoader`s only). A list
-    whose first batch is on the device already is taken as it is (no work per batch)."""
-    dev = t.accelerator.device
-    if dev.type == 'cpu' or isinstance(dl, DataLoader): return it
-    if isinstance(dl, (list, tuple)) and dl and _is_on(find_device(dl[0]), dev): return it
-    return map(functools.partial(send_to_device, device=dev, non_blocking=True), it)
-
 def _epoch_batches(t, dl, start):
     "`(loader, iterator)` of an epoch: `dl` from its start, or past the batches a resumed epoch had done."
     if start is None:
         t._epoch_rng = rng_state(dl)   # the generators the epoch's order is drawn from (for a stop inside it)
-        return dl, _on_device(t, dl, iter(dl))
+        return dl, t._on_device(dl, iter(dl))
     done, epoch_rng, rng, replay = start
     t._epoch_rng = epoch_rng
     if epoch_rng is not None: set_rng_state(epoch_rng, dl)   # the epoch's data order, as when it started
@@ -1010,7 +701,7 @@ def _epoch_batches(t, dl, start):
         first = tuple(itertools.islice(it, 1))   # the order is drawn at the first batch: with `epoch_rng`
     t.state.batch = done
     if rng is not None: set_rng_state(rng, dl)   # the random numbers as they were after the last batch done
-    return loader, _on_device(t, dl, itertools.chain(first, it))
+    return loader, t._on_device(dl, itertools.chain(first, it))
 
 # %% ../nbs/00_base_loop.ipynb #1117fc04
 def _where(t) -> str:
@@ -1054,80 +745,10 @@ class _StopHere(BaseException):
     "The loop stopping where a stop was asked (`done`: batches of the epoch done); `fit` turns it into `FitStopped`."
     def __init__(self, done: int): self.done = done
 
-class _PressedTwice(KeyboardInterrupt): "The stop button pressed again during a fit: stop now, inside the batch."
-
-def _catch_stop_button(t):
-    """In the main thread of a single process, make the stop button (`SIGINT`) ask `t`'s fit to stop after the batch,
-    and a second press stop it at once. Returns what `_release_stop_button` puts back (None: nothing changed)."""
-    if threading.current_thread() is not threading.main_thread() or t.accelerator.num_processes > 1: return None
-    def pressed(signum, frame):
-        if not t.fitting: raise KeyboardInterrupt   # (its hooks' end: as without the trainer)
-        if t.control.stop_asked: raise _PressedTwice()
-        t.stop()
-    return (signal.signal(signal.SIGINT, pressed),)
-
-def _release_stop_button(old):
-    if old is not None: signal.signal(signal.SIGINT, signal.SIG_DFL if old[0] is None else old[0])
-
-# %% ../nbs/00_base_loop.ipynb #b7fd02ee
-class _StoppedFit:
-    "A fit stopped between two batches: what `resume()` needs to continue it exactly, a `ResumePlan` in memory first."
-    def __init__(self, t, done: int, fit_start: int, epochs, max_steps, eval_every):
-        s = t.state
-        self.plan = ResumePlan(path=None, state=copy.deepcopy(t.state_dict()), epoch=s.epoch, batch=done,
-                               epoch_rng=t._epoch_rng if done else None, rng=rng_state(t.train_loader),
-                               replay=any(h.replay_batches for h in t.hooks), fit_start=fit_start,
-                               stopped=None)
-        # the hyperparameters the schedules set (LR, momentum): `fit_one_cycle`... puts back its own when it ends
-        self.groups = {k: copy.deepcopy([{n: v for n, v in g.items() if n != 'params'} for g in o.param_groups])
-                       for k, o in t.optimizers.items()}
-        self.epochs, self.max_steps, self.eval_every = epochs, max_steps, eval_every
-        self.train_dl, self.valid_dl, self.scheduler_func = t.train_dl, t.valid_dl, t.scheduler_func
-        self.scheduled = False   # stopped in `fit_one_cycle`, `fit_cosine`...: resumed through the same door
-
-    def load(self, t) -> ResumePlan:
-        "Put back the optimizers' hyperparameters as the stop left them; the plan for `fit` to apply."
-        for k, o in t.optimizers.items():
-            for g, saved in zip(o.param_groups, self.groups[k]): g.update(saved)
-        return self.plan
-
-def _stopped_fit(t, done: int, fit_start: int, epochs, max_steps, eval_every) -> FitStopped:
-    "Keep what `resume()` needs (not in a quick check); the exception `fit` raises, its line saying where it stopped."
-    s, n = t.state, t.state.n_batches
-    if not t.dev_run: t._stopped = _StoppedFit(t, done, fit_start, epochs, max_steps, eval_every)
-    left = n and math.ceil((n - done) / t.grad_accum) + (s.epochs - s.epoch - 1) * t.steps_per_epoch
-    total = s.max_step or (n and s.step + left)
-    where = (f"at epoch {s.epoch + 1} of {s.epochs}, batch {done}" + (f" of {n}" if n else '') if done
-             else f"before epoch {s.epoch + 1} of {s.epochs}")
-    how = "trainer.resume() continues this fit." if not t.dev_run else "A quick check: nothing to resume."
-    where += f" (step {s.step}" + (f" of {total}" if total else '') + ")"
-    return FitStopped(f"Stopped {where}. {how}", resumable=not t.dev_run, where=where)
-
-def _interrupted(t, e: BaseException) -> BaseException:
-    "A second press of the stop button: a `FitStopped` that says where, and that the fit can't be resumed."
-    if not isinstance(e, _PressedTwice): return e
-    s = t.state
-    where = (f"inside batch {s.batch + 1} of epoch {s.epoch + 1}" if t.phase == 'train' else
-             f"while validating in epoch {s.epoch + 1}" if t.phase in ('valid', 'valid_step') else
-             f"in epoch {s.epoch + 1}")
-    return FitStopped(f"Interrupted {where} (the stop button pressed twice): cut short there, this fit can't be "
-                      "continued exactly (trainer.resume() refuses); the weights are as it left them")
-
 # %% ../nbs/00_base_loop.ipynb #b152e0ad
-def _loader_parts(dl):
-    "`dl` and each loader, sampler, batch sampler and dataset it holds (Accelerate's wrappers included), once each."
-    seen, todo = set(), [dl]
-    while todo:
-        o = todo.pop()
-        if o is None or id(o) in seen or isinstance(o, (int, float, str)): continue
-        seen.add(id(o))
-        yield o
-        d = getattr(o, '__dict__', {})
-        todo += [d[a] for a in ('base_dataloader', 'batch_sampler', 'sampler', 'dataset') if a in d]
-
 def _set_epoch(dl, epoch: int):
     "Call `set_epoch(epoch)` on `dl` (Accelerate's loaders) and on each sampler, batch sampler and dataset it holds."
-    for o in _loader_parts(dl):
+    for o in loader_parts(dl):
         f = getattr(o, 'set_epoch', None)
         if callable(f): f(epoch)
 
@@ -1141,335 +762,3 @@ def _validate_in_epoch(t):
         if calls['after_valid']: calls.run('after_valid')
     except CancelEpoch: pass   # as at the epoch's end: from before_valid, no validation; from after_valid, its rest
     finally: t.phase = 'train'
-
-# %% ../nbs/00_base_loop.ipynb #4cc639f0
-def _real_rows(acc, bs: int) -> int:
-    """Rows of this process's batch that are real samples: all of them, except in the last batch of a dataset that
-    doesn't divide evenly, which Accelerate pads (at its end) with samples from the start of the dataset."""
-    rem = acc.gradient_state.remainder
-    if acc.num_processes == 1 or not acc.gradient_state.end_of_dataloader or rem <= 0: return bs
-    return max(0, min(bs, rem - acc.process_index * bs))
-
-def _rows(x, n: int):
-    "The first `n` rows of `x` (of each tensor in it)."
-    return recursively_apply(lambda v: v[:n], x) if x is not None else None
-
-def _pad_dims(acc, x, pad_index):
-    "`x` padded at the end of every dimension but the first to the largest size of any process (to be gathered)."
-    def pad(v):
-        for d in range(1, v.ndim): v = pad_across_processes(v, dim=d, pad_index=pad_index)
-        return v
-    return recursively_apply(pad, x) if acc.num_processes > 1 else x
-
-def _gathered(acc, x, pad_index):
-    "`x` from every process (the duplicates that even out the last batch dropped), ragged dimensions padded first."
-    return None if x is None else acc.gather_for_metrics(_pad_dims(acc, x, pad_index))
-
-def _cat_padded(xs: list, pad_index):
-    "The batches `xs` (tensors, or dicts, tuples and lists of them) joined, padded to the longest with `pad_index`."
-    if not xs: return None
-    x0 = xs[0]
-    if isinstance(x0, Mapping): return type(x0)({k: _cat_padded([x[k] for x in xs], pad_index) for k in x0})
-    if isinstance(x0, (list, tuple)): return honor_type(x0, (_cat_padded([x[i] for x in xs], pad_index)
-                                                             for i in range(len(x0))))
-    if not isinstance(x0, torch.Tensor) or x0.ndim == 0 or len({x.ndim for x in xs}) > 1:
-        return concatenate(xs)   # (its error for what it can't join)
-    shape = [max(s) for s in zip(*(x.shape for x in xs))]
-    if all(x.shape[1:] == x0.shape[1:] for x in xs): return torch.cat(xs)
-    out, i = x0.new_full((sum(len(x) for x in xs), *shape[1:]), pad_index), 0
-    for x in xs:
-        out[(slice(i, i + len(x)), *map(slice, x.shape[1:]))] = x
-        i += len(x)
-    return out
-
-# %% ../nbs/00_base_loop.ipynb #428a3fa6
-class _Keyed:
-    "A metric given as `metrics={name: metric}`: its results are keyed by `name`."
-    def __init__(self, name: str, metric): self.__name__, self.metric = name, metric
-    def __call__(self, preds, targets): return self.metric(preds, targets)
-    def __repr__(self): return f"{self.__name__}: {self.metric!r}"
-
-def _is_streaming(m) -> bool:
-    "Is `m` a streaming metric (methods `reset`, `update`, `compute`) rather than a `(preds, targets)` callable?"
-    return all(callable(getattr(m, k, None)) for k in ('reset', 'update', 'compute'))
-
-def _torchmetrics(m):
-    "torchmetrics, if `m` is one of its metrics or collections (it is imported only if the user imported it)."
-    tm = sys.modules.get('torchmetrics')
-    return tm if tm is not None and isinstance(m, (tm.Metric, tm.MetricCollection)) else None
-
-def _metric_list(metrics) -> list:
-    "`metrics=` as a list: a dict's metrics as `_Keyed`; a single metric in a list of its own."
-    if isinstance(metrics, Mapping):
-        bad = [k for k in metrics if not (isinstance(k, str) and k)]
-        if bad: raise TypeError(f"metrics={{name: metric}} needs non-empty string names, got {bad!r}")
-        return [_Keyed(k, m) for k, m in metrics.items()]
-    if _is_streaming(metrics) or callable(metrics): return [metrics]
-    if isinstance(metrics, (str, bytes)) or not isinstance(metrics, (Sequence, set, frozenset)):
-        raise TypeError(f"metrics must be a list of metrics or a {{name: metric}} dict, got {metrics!r}")
-    return list(metrics)
-
-def _metric_items(metrics) -> list:
-    "`(name, metric, keyed)` for each metric of `_metric_list(metrics)`."
-    return [(m.__name__, m.metric, True) if isinstance(m, _Keyed) else (name_of(m), m, False) for m in metrics]
-
-def _result_names(name, m, keyed) -> list:
-    "The keys the results of metric `m` will have, as far as known before computing it."
-    tm = _torchmetrics(m)
-    if tm is None or not isinstance(m, tm.MetricCollection): return [name]
-    return [f"{name}_{k}" if keyed else k for k in m.keys(keep_base=False)]
-
-def _reset(m, device):
-    if _torchmetrics(m) is not None: m.to(device)
-    m.reset()
-
-# %% ../nbs/00_base_loop.ipynb #3565fa96
-def _update_streaming(metrics, preds, targets):
-    for name, m in metrics:
-        if targets is None: raise ValueError(f"Metric {name!r} needs targets, but the evaluation batches have none")
-        try: m.update(preds, targets)
-        except Exception as e:
-            annotate(e, f"raised by streaming metric {name!r} in update(preds, targets)")
-            raise
-
-def _computed(name, m):
-    try: return m.compute()
-    except Exception as e:
-        annotate(e, f"raised by streaming metric {name!r} in compute()")
-        raise
-
-def _plain_metric(name, m, preds, targets):
-    "Metric `m` `(preds, targets)` over the gathered predictions."
-    if targets is None: raise ValueError(f"Metric {name!r} needs targets, but the evaluation batches have none")
-    try: return m(preds, targets)
-    except Exception as e:
-        shape = lambda x: tuple(getattr(x, 'shape', ()))
-        annotate(e, f"raised by metric {name!r} (called as {name}(preds, targets) with preds of shape "
-                    f"{shape(preds)} and targets of shape {shape(targets)})")
-        raise
-
-def _value(v):
-    "A metric's value for the results: a number for a one-element tensor or array, a CPU tensor for others."
-    if isinstance(v, torch.Tensor): return v.item() if v.numel() == 1 else v.detach().cpu()
-    if hasattr(v, 'ndim') and hasattr(v, 'item') and getattr(v, 'size', 0) == 1: return v.item()   # (NumPy)
-    return v
-
-def _add_result(res: dict, name: str, keyed: bool, v):
-    "Put metric `name`'s value `v` in `res`: a dict's items under their own keys (`name_key` for a keyed metric)."
-    vals = {(f"{name}_{k}" if keyed else k): x for k, x in v.items()} if isinstance(v, Mapping) else {name: v}
-    for k, x in vals.items():
-        if k in res:
-            raise ValueError(f"Two results are named {k!r} (the second from metric {name!r}): name the metrics "
-                             "apart, with metrics={'name': metric, ...} (or a collection's prefix=)")
-        res[k] = _value(x)
-
-# %% ../nbs/00_base_loop.ipynb #d653350c
-def _run_eval(t, dl, keep_preds: bool, stream=()):
-    """Mean loss, sample count and (optionally) gathered preds/targets over `dl`; `stream`: `(name, metric)` updated
-    per batch (torchmetrics with the process's own real samples, others with every process's)."""
-    if dl is None: raise ValueError("No dataloader to evaluate on: pass one, or give the Trainer a valid_dl")
-    if has_len(dl) == 0: raise ValueError("The evaluation dataloader yields no batches (is the dataset empty?)")
-    _own_state(t)   # (the device the batches go to, the precision `acc.autocast()` reads)
-    acc, pdl, pre, pad = t.accelerator, t.prepared(dl), t.preprocess_preds, t.pad_index
-    own = [(n, m) for n, m in stream if _torchmetrics(m) is not None]
-    every = [(n, m) for n, m in stream if _torchmetrics(m) is None]
-    was_training = t.model.training
-    t.model.eval()
-    # per process: sum of per-sample losses and count of real samples; reduced once at the end
-    totals, has_loss, preds, targets = torch.zeros(2, device=acc.device, dtype=torch.float64), True, [], []
-    try:
-        with torch.no_grad(), acc.autocast():
-            for batch in _on_device(t, pdl, iter(pdl)):
-                loss, p, y = t._forward(batch, train=False)
-                bs = batch_size(batch)
-                real = _real_rows(acc, bs)
-                if loss is None: has_loss = False
-                else:
-                    if real < bs and t.eval_step is None and t.loss_func is not None and y is not None:
-                        # recompute the loss on the real rows only: padded duplicates must not count
-                        loss = _loss_of(t, p[:real], y[:real]) if real else torch.zeros(())
-                    totals[0] += _check_loss(loss.detach(), "the evaluation loss").double() * real
-                totals[1] += real
-                if pre is not None: p = pre(p, y)   # before anything is kept: e.g. argmax ids, not logits
-                if own and real:   # (no empty update: torchmetrics' classification metrics can't take one)
-                    _update_streaming(own, *((p, y) if real == bs else (_rows(p, real), _rows(y, real))))
-                if keep_preds or every:
-                    p, y = _gathered(acc, p, pad), _gathered(acc, y, pad)
-                    _update_streaming(every, p, y)
-                if keep_preds:
-                    preds.append(to_cpu(p))
-                    if y is not None: targets.append(to_cpu(y))
-    finally:
-        t.model.train(was_training)
-        t.preds = t.out = None
-        if hasattr(pdl, 'end'): pdl.end()   # left part-way by an error: no longer the loader Accelerate tracks
-    if acc.num_processes > 1: totals = acc.reduce(totals, 'sum')
-    loss_sum, n = totals.tolist()
-    if n == 0: raise ValueError("The evaluation dataloader yielded no samples")
-    t.eval_samples = int(n)
-    return (loss_sum / n if has_loss else None), _cat_padded(preds, pad), _cat_padded(targets, pad)
-
-# %% ../nbs/00_base_loop.ipynb #419ef3b0
-_WHOLE_CELLS = ('display.max_colwidth', None, 'display.width', 0)   # (pandas would cut a cell of 4 hooks to '...')
-
-def _as_is(df): return df
-
-def _hook_table(t):
-    "`describe_hooks`: a row per event (and per unknown `before_*/after_*` method), a column for a dev run's calls."
-    import pandas as pd
-    main = t.is_main_process
-    def cell(hs):
-        tag = lambda h: '' if main or not h.main_process_only else ' [main process only]'
-        return ', '.join(f"{h.name} ({h.order})" + tag(h) for h in hs) or '-'
-    rows = [(e, cell(hooks_of(t.hooks, e))) for e in EVENTS]
-    unknown = {}
-    for h in t.hooks:
-        for n in unknown_events(h): unknown.setdefault(n, []).append(h)
-    rows += [(f"{n} (not an event!)", cell(hs)) for n, hs in unknown.items()]
-    df = pd.DataFrame(rows, columns=['event', 'hooks (order)']).set_index('event')
-    if t.dev_run_calls is not None:
-        keys = dict(t.hook_keys())
-        ran = {e: ', '.join(k for k in keys if (k, e) in t.dev_run_calls) or '-' for e in EVENTS}
-        df['ran in fast_dev_run'] = [ran.get(e, '-') for e in df.index]
-    return as_table('HookTable', _as_is, df, options=_WHOLE_CELLS)
-
-def _load_hook_states(t, saved: dict):
-    main = t.is_main_process
-    for k, h in t.hook_keys():
-        if h.main_process_only and not main: continue
-        if k in saved: h.load_state_dict(saved[k])
-        elif h.state_dict():
-            warnings.warn(f"The saved state holds nothing for hook {k}: it starts afresh", TrainerWarning)
-
-_LOADER_COUNTERS = ('iteration', 'epoch', 'end_of_dataloader', 'remainder')
-
-def _loader_counters(dl) -> list:
-    "`(part, {counter: value})` for a data loader and each part it holds (`_loader_parts`): what iterating it changes."
-    return [(o, {a: d[a] for a in _LOADER_COUNTERS if a in d})
-            for o in _loader_parts(dl) for d in (getattr(o, '__dict__', {}),)]
-
-# %% ../nbs/00_base_loop.ipynb #602b9532
-class _Rewind:
-    "Everything a fit can change in trainer `t`, as it is now; `restore()` puts it back exactly."
-    results = ('schedulers', 'epoch_results', 'valid_results', 'cancelled', 'eval_samples', '_stopped')
-
-    def __init__(self, t, hooks: bool):
-        self.t, self.loader = t, t.train_loader
-        model, scaler = t.model, t.accelerator.scaler
-        cpu = lambda x: None if x is None else x.detach().to('cpu', copy=True)
-        self.tensors = [(p, cpu(p), cpu(p.grad)) for p in itertools.chain(model.parameters(), model.buffers())]
-        self.training = [(m, m.training) for m in model.modules()]
-        self.opts = {k: to_cpu(o.state_dict(), clone=True) for k, o in t.optimizers.items()}
-        self.scaler = None if scaler is None else copy.deepcopy(scaler.state_dict())
-        self.rng, self.counters = rng_state(self.loader), _loader_counters(self.loader)
-        self.own = copy.deepcopy(t.state_dict(hooks=hooks))
-        self.attrs = {k: getattr(t, k) for k in self.results}
-
-    def restore(self):
-        t = self.t
-        with torch.no_grad():
-            for p, v, g in self.tensors:
-                p.copy_(v)
-                if g is None: p.grad = None
-                elif p.grad is None: p.grad = g.to(p.device)
-                else: p.grad.copy_(g)
-        for m, training in self.training: m.training = training
-        for k, o in t.optimizers.items(): o.load_state_dict(self.opts[k])
-        if self.scaler is not None: t.accelerator.scaler.load_state_dict(self.scaler)
-        for k, v in self.attrs.items(): setattr(t, k, v)
-        t.load_state_dict(self.own)
-        set_rng_state(self.rng, self.loader)
-        for o, counters in self.counters:
-            for k, v in counters.items(): setattr(o, k, v)
-
-# %% ../nbs/00_base_loop.ipynb #b90a9695
-def _check_args(model, mixed_precision, grad_accum, nan_policy, lr, metrics, optimizers, manual, train_step):
-    "Refuse arguments the trainer can't work with, saying what it needs; the metrics as a list (`_metric_list`)."
-    if not isinstance(model, torch.nn.Module):
-        raise TypeError(f"model must be a torch.nn.Module, got {type(model).__name__}")
-    if mixed_precision not in ('no', 'bf16', 'fp16'):
-        raise ValueError(f"mixed_precision must be 'no', 'bf16' or 'fp16', got {mixed_precision!r}")
-    if not (isinstance(grad_accum, int) and grad_accum >= 1):
-        raise ValueError(f"grad_accum must be an int >= 1, got {grad_accum!r}")
-    if nan_policy not in ('raise', 'raise_grads', 'skip'):
-        raise ValueError(f"nan_policy must be 'raise', 'raise_grads' or 'skip', got {nan_policy!r}")
-    if lr is not None: check_lr(lr)
-    listed = _metric_list(metrics)
-    _check_metrics(_metric_items(listed))
-    if optimizers is not None and len(optimizers) > 1 and not manual:
-        raise ValueError("Several optimizers need manual=True")
-    if manual and train_step is None: raise ValueError("manual=True needs a train_step that optimizes")
-    if manual and nan_policy == 'skip':
-        raise ValueError("nan_policy='skip' can't be used with manual=True: train_step has already stepped when "
-                         "the loss is checked; skip the batch in train_step itself")
-    return listed
-
-def _check_metrics(items):
-    for _, m, _ in items:
-        if not (callable(m) or _is_streaming(m)):
-            raise TypeError(f"metrics must be callables (preds, targets) -> number, or streaming metrics (reset, "
-                            f"update, compute) such as torchmetrics', got {m!r}")
-    names = [n for item in items for n in _result_names(*item)]   # the keys of their results
-    for n in names:
-        if names.count(n) > 1:
-            raise ValueError(f"Two metrics are named {n!r}, and results are keyed by name: give each its own, as "
-                             "metrics={'name': metric, ...} (or a def, or f.__name__ = '...' on a lambda)")
-        if n in RESERVED:
-            raise ValueError(f"A metric can't be named {n!r}: the trainer reports its own {n!r} under that key")
-
-
-# %% ../nbs/00_base_loop.ipynb #fa1e26e8
-def _accelerator(accelerator, mixed_precision, grad_accum, cpu, log_with, project_dir) -> Accelerator:
-    "The accelerator given (warning about the arguments it overrides), or a new one."
-    if accelerator is not None:
-        given = [n for n, v, default in (('mixed_precision', mixed_precision, 'no'), ('grad_accum', grad_accum, 1),
-                                         ('cpu', cpu, False), ('log_with', log_with, None),
-                                         ('project_dir', project_dir, None)) if v != default]
-        if given: warnings.warn(f"{', '.join(given)} ignored: the accelerator passed decides them "
-                                "(give them to your Accelerator instead)", TrainerWarning, stacklevel=4)
-        return accelerator
-    state = AcceleratorState._shared_state   # (the process-wide dict itself: Accelerate's state lives in it)
-    before, partial = _acc_snapshot()
-    device = _other_device(before, cpu)
-    if device or (before.get('_mixed_precision', mixed_precision) != mixed_precision
-                  and before.get('distributed_type') in _OWN):
-        # another trainer's precision: made anew (the processes, PartialState, kept); its device (one process): both
-        AcceleratorState._reset_state(reset_partial_state=device)
-    try:
-        acc = Accelerator(mixed_precision=mixed_precision, gradient_accumulation_steps=grad_accum, cpu=cpu,
-                          step_scheduler_with_optimizer=False, log_with=log_with, project_dir=project_dir)
-        if acc.device.type == 'cpu' and mixed_precision == 'fp16':
-            raise ValueError("mixed_precision='fp16' needs a GPU, and this trainer runs on the CPU: pass "
-                             "mixed_precision='bf16' (mixed precision on the CPU) or 'no'")
-    except BaseException:   # refused: the state as the trainers made before left it
-        _restore(before, partial)
-        raise
-    return acc
-
-_OWN = (DistributedType.NO, DistributedType.MULTI_CPU, DistributedType.MULTI_GPU)   # where a precision is per trainer
-
-def _acc_snapshot() -> tuple[dict, dict]:
-    "Accelerate's process-wide state as it is: copies of `AcceleratorState`'s and `PartialState`'s shared dicts."
-    return dict(AcceleratorState._shared_state), dict(PartialState._shared_state)
-
-def _restore(state: dict, partial: dict):
-    "Put back a state `_acc_snapshot` took (in the shared dicts themselves: every Accelerate object reads them)."
-    for shared, kept in ((AcceleratorState._shared_state, state), (PartialState._shared_state, partial)):
-        shared.clear()
-        shared.update(kept)
-
-def _other_device(state: dict, cpu: bool) -> bool:
-    """Was one process's state made for the other side of `cpu=`? The CPU asked where its device is a GPU (Accelerate
-    refuses: "restart your runtime"), or not asked where it was made with `cpu=True` (it would stay on the CPU)."""
-    if state.get('distributed_type') != DistributedType.NO: return False   # (launched processes: theirs to decide)
-    cpu = cpu or parse_flag_from_env('ACCELERATE_USE_CPU')
-    return getattr(state.get('device'), 'type', 'cpu') != 'cpu' if cpu else bool(state.get('_cpu'))
-
-def _own_state(t):
-    """Make Accelerate's process-wide state `t`'s own where another trainer changed it: its device (a trainer on the
-    CPU beside one on a GPU, in one process), and its mixed precision (which `autocast` reads)."""
-    state, (own, partial) = AcceleratorState._shared_state, t._acc_state
-    if own and state.get('device') != own.get('device') and own.get('distributed_type') == DistributedType.NO:
-        _restore(own, partial)
-    if state.get('_mixed_precision', t.mixed_precision) != t.mixed_precision and state.get('distributed_type') in _OWN:
-        state['_mixed_precision'] = t.mixed_precision
