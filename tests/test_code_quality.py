@@ -160,7 +160,7 @@ FEATURES = ('recorder', 'progress', 'liveplot', 'hooks', 'inside', 'checkpoint',
             'background', 'adapters', 'workflow', 'monitor', 'registry', 'cli', 'launch', 'demo', 'metrics', 'schedule')
 
 
-ROOMS = ('control', 'hookset', 'state', 'evaluation', 'devices')   # the loop's rooms, on the floor below it
+ROOMS = ('control', 'hookset', 'state', 'forward', 'evaluation', 'devices')   # the loop's rooms, on the floor below it
 
 
 def test_the_loop_imports_only_base():

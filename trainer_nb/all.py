@@ -11,6 +11,7 @@ from .control import *
 from .hookset import *
 from .state import *
 from .evaluation import *
+from .forward import *
 from .devices import *
 from .loop import *
 from .core import *

@@ -5,7 +5,7 @@
 # %% ../nbs/00_base_loop.ipynb #c02b05d5
 from __future__ import annotations
 import functools, inspect, itertools, math, threading, traceback, warnings
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping
 
 # %% auto #0
 __all__ = ['Loop', 'log_scalar']
@@ -22,18 +22,20 @@ from .control import Control, Controls, FitStopped
 from .hookset import HookSet
 from .state import TrainerState, loader_parts
 from .evaluation import Evaluation, check_loss
+from .forward import Forward, PAIR_TYPES, out_parts
 from .devices import Devices
 from .base import (CancelBatch, CancelEpoch, CancelFit, EventCalls, LoopState, LossLog, LoggedValues,
-                             NonFiniteError, TrainerWarning, annotate, batch_size, has_len, rng_state,
+                             TrainerWarning, annotate, batch_size, has_len, rng_state,
                              set_rng_state)
 
 # %% ../nbs/00_base_loop.ipynb #f6682260
-class Loop(Controls, HookSet, TrainerState, Evaluation, Devices):
+class Loop(Controls, HookSet, TrainerState, Forward, Evaluation, Devices):
     """The loop under `trainer_nb.core.Trainer`, which derives from it: fit's lifecycle (`_run`), the epoch, the batch
     and the optimizer step. What is not the loop sits in rooms of its own, which it derives from: what other threads
-    ask (`Controls`), the hooks (`HookSet`), the state (`TrainerState`), evaluation and prediction (`Evaluation`), the
-    accelerator and the device (`Devices`). It names no feature: what it needs of them, the `Trainer` gives it (the
-    slots below), and hooks declare what it must know of them (`trainer_nb.base.Hook`)."""
+    ask (`Controls`), the hooks (`HookSet`), the state (`TrainerState`), a batch's forward pass (`Forward`),
+    evaluation and prediction (`Evaluation`), the accelerator and the device (`Devices`). It names no feature: what it
+    needs of them, the `Trainer` gives it (the slots below), and hooks declare what it must know of them
+    (`trainer_nb.base.Hook`)."""
     # what the features give the loop, set by `trainer_nb.core.Trainer` (the loop imports none of them)
     _non_finite_here = None   # `(batch, what) -> error`: a non-finite loss or gradients, where it started (`inside`)
     _grads_finite = None      # `(grads) -> bool`: are they all finite (`nan_policy='raise_grads'`; `inside`)
@@ -52,6 +54,7 @@ class Loop(Controls, HookSet, TrainerState, Evaluation, Devices):
         self._calls = EventCalls()     # (bound anew by each fit)
         self._keep_state()   # Accelerate's state as this trainer has it (see `Devices._own_state`)
         self._plain = _Plain(self)
+
     # ---- the loop: run -> epoch -> batch -> optimizer step ----
     def _run(self, epochs: int | None, max_steps: int | None = None, eval_every: int | None = None, resume=None):
         """Fit's lifecycle, once `fit` has checked its arguments and set the LRs: the counters and schedulers of the
@@ -104,6 +107,7 @@ class Loop(Controls, HookSet, TrainerState, Evaluation, Devices):
             finally:
                 self.resumed = None
                 self._release_stop_button(old_sigint)
+
     def _epoch(self, dl, start=None):
         "One epoch: its batches (from `start`, a resumed position, if given), its losses to the host, validation."
         s, calls = self.state, self._calls
@@ -135,6 +139,7 @@ class Loop(Controls, HookSet, TrainerState, Evaluation, Devices):
         try:
             if calls['after_epoch']: calls.run('after_epoch')
         except CancelEpoch: pass       # the remaining after_epoch hooks are skipped
+
     def _batches(self, batches, stop: float, every: int | None):
         """The epoch's batches, each by `_train_batch`; between two, a validation when `eval_every` steps are done, the
         end at `max_steps` (`stop`), and what other threads asked (`_take_requests`) at a step."""
@@ -146,6 +151,7 @@ class Loop(Controls, HookSet, TrainerState, Evaluation, Devices):
             s.batch += 1
             if s.step >= stop: break   # `max_steps` reached: the epoch ends here, and the fit with it
             if control.asked and self.accelerator.sync_gradients: self._take_requests(s.batch)   # (at a step)
+
     def _train_batch(self, batch):
         "One batch: its pass (`_pass`); the batch counted; when one is due, the optimizer step; `after_batch`."
         s, calls, p = self.state, self._calls, self._plain
@@ -164,6 +170,7 @@ class Loop(Controls, HookSet, TrainerState, Evaluation, Devices):
         except CancelBatch: pass   # the batch is done: only the remaining after_batch hooks are skipped
         finally:   # no graph kept between batches but one whose backward pass ran (`_held`: see `_short_epoch`)
             self._held, self.loss, self.preds, self.out = self.loss if self._backward_done else None, None, None, None
+
     def _short_epoch(self, batches, stop: float, every: int | None):
         """`_batches` and `_train_batch` in one frame, for the fit most fits are (`_Plain.short`, chosen once per fit):
         one process, a step every batch, `loss_func(model(x), y)`, no hook inside the batch (`before_batch` to
@@ -177,13 +184,13 @@ class Loop(Controls, HookSet, TrainerState, Evaluation, Devices):
         opt_step, scheds, zero_grad, sync_every = p.optimizer_step, p.schedulers, p.zero_grad, p.sync_every
         before_step, after_step, after_batch = calls['before_step'], calls['after_step'], calls['after_batch']
         for batch in batches:
-            if type(batch) not in _PAIR or len(batch) != 2: self._train_batch(batch)
+            if type(batch) not in PAIR_TYPES or len(batch) != 2: self._train_batch(batch)
             else:
                 self.batch, s.opt_stepped, (x, y) = batch, False, batch
                 try:
                     out = self.model(x)   # (read at each batch: a hook may set another)
                     if type(out) is torch.Tensor and key is None: self.preds = preds = out
-                    else: self.out, self.preds = out, (preds := _out_parts(out, key)[1])
+                    else: self.out, self.preds = out, (preds := out_parts(out, key)[1])
                     loss = self.loss = loss_of(preds, y)
                     if type(loss) is not torch.Tensor or loss.ndim: check_loss(loss, "loss_func's result")
                     kept = keep(loss)
@@ -220,6 +227,7 @@ class Loop(Controls, HookSet, TrainerState, Evaluation, Devices):
             s.batch += 1
             if s.step >= stop: break
             if control.asked and self.accelerator.sync_gradients: self._take_requests(s.batch)
+
     def _pass(self, batch) -> tuple:
         """The batch's passes: `before_batch`, forward, `after_pred`, loss, `after_loss`, backward, `after_backward`.
         Returns `(batch, due)`: the batch as `before_batch` left it, and whether an optimizer step ends it."""
@@ -248,6 +256,7 @@ class Loop(Controls, HookSet, TrainerState, Evaluation, Devices):
             _drop_batch(self)
             return batch, False
         return batch, due
+
     def _step(self):
         "The optimizer step that ends a batch or an accumulation group."
         calls, p = self._calls, self._plain
@@ -262,10 +271,12 @@ class Loop(Controls, HookSet, TrainerState, Evaluation, Devices):
             s.step += 1   # counted, then `after_step` (as `_stepped` does for a manual train_step's steps)
             if calls['after_step']: calls.run('after_step')
         else: p.zero_grad()
+
     def _stepped(self):
         "Count an optimizer step that changed the weights, and run `after_step`."
         self.state.step += 1
         if self._calls['after_step']: self._calls.run('after_step')
+
     def backward(self, loss: torch.Tensor):
         """Backward pass of `loss` through Accelerate (scaled under fp16, divided by `grad_accum`); in manual mode,
         then the `after_backward` hooks. A subclass may override it."""
@@ -273,14 +284,17 @@ class Loop(Controls, HookSet, TrainerState, Evaluation, Devices):
         if self.manual and self.fitting:
             self._backward_done = True
             if self._calls['after_backward']: self._calls.run('after_backward')
+
     def optimizer_step(self):
         "Clip the gradients to `max_grad_norm` (when set) and step the optimizer. A subclass may override it."
         if self.max_grad_norm is not None: self.accelerator.clip_grad_norm_(self.model.parameters(), self.max_grad_norm)
         self._plain.opt.step()
+
     def zero_grad(self, opt=None):
         "Forget the gradients of optimizer `opt` (a name in `optimizers`, or one of them; default: the first)."
         o = self._plain.opt if opt is None and self.fitting else _named_opt(self, opt)[1]
         o.zero_grad(set_to_none=True)
+
     def step(self, opt=None) -> bool:
         """In a manual `train_step`, after `backward`: when an accumulation group ends, unscale and clip `opt`'s
         gradients, step it and its scheduler, zero its gradients. Returns whether the optimizer stepped."""
@@ -300,60 +314,15 @@ class Loop(Controls, HookSet, TrainerState, Evaluation, Devices):
             if name in self.schedulers: self.schedulers[name].step()
         o.zero_grad(set_to_none=True)
         return stepped
-    def _forward(self, batch, train: bool) -> tuple:
-        """`(loss, preds, targets)` of a batch, for training and evaluation alike: `train_step` / `eval_step` when
-        given, else `loss_func(model(*inputs), targets)`, else `model(**batch)` returning its own loss. The model's
-        output is split by `_out_parts` (its loss, its predictions). In training, `after_pred` runs between the model
-        and the loss, and may replace `trainer.preds` (with `loss_func`, the loss is computed from it)."""
-        step = self.train_step if train else _eval_step_of(self)
-        after_pred = train and self._calls['after_pred']
-        if step is not None:
-            out = self.out = _check_out(step(batch, self), 'train_step' if train else 'eval_step')
-            self.preds = out.get('preds')
-            if after_pred: self._calls.run('after_pred')
-            loss = out.get('loss')
-            if train: check_loss(loss, "train_step's 'loss'")
-            return loss, self.preds, out.get('targets')
-        if self.loss_func is not None:
-            if type(batch) in _PAIR and len(batch) == 2:   # `(x, y)`, the common case: no call, no ABC check
-                x, y = batch
-                out = self.model(x)
-            elif type(batch) is tuple or not isinstance(batch, Mapping):
-                xs, y = _split(batch)
-                out = self.model(*xs)
-            else:   # targets under `target_key`, the rest to the model by name
-                y = _targets_of(self, batch, train)
-                out = self.model(**_model_inputs(self, batch, skip=self.target_key))
-            if type(out) is torch.Tensor and self.preds_key is None: self.preds = out   # (the common case: no look)
-            else: self.out, self.preds = out, _out_parts(out, self.preds_key)[1]
-            if after_pred: self._calls.run('after_pred')
-            if not train: return (_loss_of(self, self.preds, y) if y is not None else None), self.preds, y
-            loss = self._plain.loss_of(self.preds, y)   # (`loss_func`, or `_loss_of` for one that sums)
-            if type(loss) is not torch.Tensor or loss.ndim: check_loss(loss, "loss_func's result")
-            return loss, self.preds, y
-        if not isinstance(batch, Mapping): raise TypeError(_NOT_A_DICT.format(type(batch).__name__))
-        inputs, items = _model_inputs(self, batch), self._plain.items if train else None
-        if items is not None: inputs = {**inputs, 'num_items_in_batch': items.count(batch)}
-        out = self.out = self.model(**inputs)
-        loss, self.preds = _out_parts(out, self.preds_key)
-        if after_pred: self._calls.run('after_pred')
-        if train: check_loss(loss, "the model's loss")
-        return loss, self.preds, batch.get('labels')
 
     def _eval_loss(self, preds, y):
         "The loss of `preds` against `y` in an evaluation (`_loss_of`: a summing loss divided by its items)."
         return _loss_of(self, preds, y)
-    def flush_losses(self):
-        """Move pending losses (and logged values) to the host, one transfer, and check every loss moved since the
-        last check: with `nan_policy='raise'` a non-finite one raises, naming its epoch, batch and iteration. (Where the
-        fit checks each loss at its batch, `_Plain.check`, they are not checked again.)"""
-        self.losses.flush(self.fitting and self._plain.check)
-        self.logged.flush()
-        bad = self.losses.check()
-        if bad is not None and self.nan_policy != 'skip': raise _non_finite_error(self, bad)
+
     def _take_requests(self, done: int):
         "At a step boundary (`done` batches of the epoch done): what other threads asked (`Control.take`), then a stop."
         if self.control.take(self, self._calls.run): raise _StopHere(done)
+
     def _check_fit(self, epochs, max_steps=None, eval_every=None):
         "Refuse a fit that can't run: its lengths, its loaders, a fit already running, another accumulating beside it."
         if epochs is None and max_steps is None: raise ValueError("fit needs epochs, max_steps or both")
@@ -370,6 +339,7 @@ class Loop(Controls, HookSet, TrainerState, Evaluation, Devices):
         _check_valid(self.valid_dl)
         if self.fitting: raise RuntimeError("fit is already running")
         self._check_alone()
+
     def _check_alone(self):
         "Refuse a fit beside another trainer's when either accumulates gradients (Accelerate's state for it is one)."
         others = [o for o in _ACTIVE if o is not self]
@@ -391,91 +361,6 @@ def _fitting_here():
     "The trainer fitting in this thread (trainers may fit at once, each in its own thread: `background=True`)."
     me = threading.current_thread()
     return next((t for t in reversed(_ACTIVE) if t._fit_thread is me), None)
-
-# %% ../nbs/00_base_loop.ipynb #95cc96ee
-_NOT_A_DICT = ("With no loss_func or train_step, batches must be dicts, passed as model(**batch) to a model that "
-               "returns its loss; got a {}: pass loss_func= (for (x, y) batches) or train_step=")
-
-_PAIR = (tuple, list)   # an `(x, y)` batch of these types is unpacked by the forward pass itself (no `_split`)
-
-def _split(batch):
-    "`(inputs, targets)` of a batch: the last element of a tuple is the target; a lone tensor has none."
-    if type(batch) is tuple and len(batch) == 2: return batch[:1], batch[1]   # the common case, first
-    if isinstance(batch, torch.Tensor): return (batch,), None
-    if isinstance(batch, Sequence) and not isinstance(batch, (str, bytes)) and len(batch):
-        if len(batch) == 1: return tuple(batch), None
-        return tuple(batch[:-1]), batch[-1]
-    what = f"an empty {type(batch).__name__}" if isinstance(batch, Sequence) else f"a {type(batch).__name__}"
-    raise TypeError(f"Can't split the batch into inputs and targets for loss_func: got {what}, expected an (x, y) "
-                    "tuple or list (or (x1, ..., xn, y)), a tensor (inputs alone), or a dict (the targets under "
-                    "target_key, 'labels' by default); for anything else pass train_step= and eval_step=")
-
-def _targets_of(t, batch, train: bool):
-    "The targets of dict `batch` (under `target_key`); training with `loss_func` needs them."
-    y = batch.get(t.target_key)
-    if y is None and train:
-        raise KeyError(f"loss_func needs targets, and the dict batch has no {t.target_key!r} (its keys: "
-                       f"{', '.join(map(repr, batch))}): pass target_key= naming the key of the targets")
-    return y
-
-def _model_inputs(t, batch, skip=None) -> dict:
-    """The items of dict `batch` the model's `forward` takes by name (`skip` left out). Its signature is read once
-    (again for another model); the keys it doesn't name are dropped, with one warning naming them."""
-    if t._inputs is None or t._inputs[0] is not t.model:
-        sig = inspect.signature(t.unwrapped_model.forward).parameters.values()
-        names = {p.name for p in sig if p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY)}
-        t._inputs = (t.model, names or None, set())   # (no named argument, only **kwargs: everything goes)
-    _, names, noted = t._inputs
-    if names is None and skip is None: return batch
-    keep = {k: v for k, v in batch.items() if k != skip and (names is None or k in names)}
-    dropped = tuple(k for k in batch if k != skip and k not in keep)
-    if dropped and dropped not in noted:
-        noted.add(dropped)
-        if t.is_main_process:
-            warnings.warn(f"Batch keys {', '.join(map(repr, dropped))} dropped: {type(t.unwrapped_model).__name__}"
-                          ".forward takes no argument of that name", TrainerWarning, stacklevel=4)
-    return keep
-
-def _check_out(out, what='train_step') -> dict:
-    if not isinstance(out, Mapping):
-        raise TypeError(f"{what} must return a dict holding at least 'loss', got {type(out).__name__}: "
-                        "return {'loss': loss} (add 'preds'/'targets' for metrics)")
-    return out
-
-def _eval_step_of(t):
-    "The step function evaluation calls (None: the loss function or the model's own loss)."
-    if t.eval_step is not None: return t.eval_step
-    if t.loss_func is not None or t.train_step is None: return None
-    if t.manual: raise ValueError("With manual=True, train_step changes the weights: pass eval_step= (or loss_func=) "
-                                  "to evaluate")
-    return t.train_step
-
-# %% ../nbs/00_base_loop.ipynb #c6aa1702
-def _out_parts(out, key=None) -> tuple:
-    """`(loss, preds)` of a model's output `out` (loss None where it has none). A dict or a `ModelOutput`: its
-    `'loss'`, and its `'logits'`, else its other items (one: that value; several: a dict of them). A tuple or list
-    whose first item is a scalar tensor is `(loss, preds...)` (else it is all predictions); the predictions are the
-    one item left, or a tuple of those left. Anything else: its `.loss`, and its `.logits` or itself. `key` picks the
-    predictions: a key (or attribute) name, an index, or a function `key(out) -> preds`."""
-    if isinstance(out, Mapping): loss = out.get('loss')
-    elif isinstance(out, (tuple, list)) and not hasattr(out, '_fields'):   # (not a named tuple: its attributes)
-        loss = out[0] if out and isinstance(out[0], torch.Tensor) and out[0].ndim == 0 else None
-        if key is None:
-            rest = tuple(out[1:] if loss is not None else out)
-            return loss, (rest[0] if len(rest) == 1 else rest or None)
-    else: loss = getattr(out, 'loss', None)
-    if callable(key): return loss, key(out)
-    if isinstance(key, int) or (key is not None and isinstance(out, Mapping)):
-        try: return loss, out[key]
-        except (KeyError, IndexError, TypeError):
-            keys = f" (its keys: {', '.join(map(repr, out))})" if isinstance(out, Mapping) else ""
-            raise KeyError(f"preds_key={key!r}: the model's output ({type(out).__name__}) has no such item"
-                           f"{keys}") from None
-    if key is not None: return loss, getattr(out, key)
-    if not isinstance(out, Mapping): return loss, getattr(out, 'logits', out)
-    if 'logits' in out: return loss, out['logits']
-    rest = {k: v for k, v in out.items() if k != 'loss'}
-    return loss, (next(iter(rest.values())) if len(rest) == 1 else rest or None)
 
 # %% ../nbs/00_base_loop.ipynb #b557502c
 class _Plain:
@@ -618,17 +503,6 @@ def _skip_non_finite(t, loss):
         warnings.warn(f"Skipped batch {s.batch + 1} of epoch {s.epoch + 1} (iteration {s.iteration}): " + (
             f"non-finite loss {v}" if not math.isfinite(v) else "non-finite loss on another process"), TrainerWarning)
         raise CancelBatch()
-
-def _non_finite_error(t, bad: int) -> NonFiniteError:
-    "The error for the loss of iteration `bad`, found non-finite when it reached the host (after its step)."
-    s, first = t.state, t._epoch_first
-    at = dict(epoch=s.epoch + 1, batch=bad - first + 1) if bad >= first else {}
-    where = f"epoch {at['epoch']}, batch {at['batch']}" if at else "an earlier epoch"
-    return NonFiniteError(
-        f"Non-finite loss ({t.losses.slice(bad, bad + 1).item()}) in {where} (iteration {bad}). Losses are "
-        f"checked when they reach the host (every sync_every={t.sync_every} batches and at the end of each "
-        "epoch): its backward pass ran, and the weights after that step may already be non-finite. Lower the LR, "
-        "set max_grad_norm=, check the data, or pass nan_policy='skip' to skip such batches", iteration=bad, **at)
 
 def _hook_clock(t) -> dict | None:
     "Where a `Timing` hook wants each hook's time added (None: no hook is timed)."

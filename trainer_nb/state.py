@@ -14,7 +14,7 @@ import torch
 
 # %% ../nbs/00_state.ipynb #086907b5
 from .control import FitStopped
-from .base import RESERVED, check_idle, name_of, rng_state, set_rng_state, to_cpu
+from .base import NonFiniteError, RESERVED, check_idle, name_of, rng_state, set_rng_state, to_cpu
 
 # %% ../nbs/00_state.ipynb #c644ed17
 class TrainerState:
@@ -100,6 +100,27 @@ class TrainerState:
         "Optimizer steps in an epoch of the current (or last) fit (a last, shorter accumulation group too); 0: unknown."
         return math.ceil(self.state.n_batches / self.grad_accum)
 
+    def flush_losses(self):
+        """Move pending losses (and logged values) to the host, one transfer, and check every loss moved since the
+        last check: with `nan_policy='raise'` a non-finite one raises, naming its epoch, batch and iteration. (Where the
+        fit checks each loss at its batch, `_Plain.check`, they are not checked again.)"""
+        self.losses.flush(self.fitting and self._plain.check)
+        self.logged.flush()
+        bad = self.losses.check()
+        if bad is not None and self.nan_policy != 'skip': raise _non_finite_error(self, bad)
+
+
+# %% ../nbs/00_state.ipynb #d1cd1886
+def _non_finite_error(t, bad: int) -> NonFiniteError:
+    "The error for the loss of iteration `bad`, found non-finite when it reached the host (after its step)."
+    s, first = t.state, t._epoch_first
+    at = dict(epoch=s.epoch + 1, batch=bad - first + 1) if bad >= first else {}
+    where = f"epoch {at['epoch']}, batch {at['batch']}" if at else "an earlier epoch"
+    return NonFiniteError(
+        f"Non-finite loss ({t.losses.slice(bad, bad + 1).item()}) in {where} (iteration {bad}). Losses are "
+        f"checked when they reach the host (every sync_every={t.sync_every} batches and at the end of each "
+        "epoch): its backward pass ran, and the weights after that step may already be non-finite. Lower the LR, "
+        "set max_grad_norm=, check the data, or pass nan_policy='skip' to skip such batches", iteration=bad, **at)
 
 # %% ../nbs/00_state.ipynb #b5e48af1
 def loader_parts(dl):
