@@ -249,7 +249,7 @@ class _Sweep(Hook):
     def after_batch(self):
         t = self.trainer
         t.losses.truncate(t.losses.n_host)   # the sweep's stand-in log: nothing to keep
-        if t.grad_accum == 1 or t.accelerator.sync_gradients: self.acc, self.n = None, 0   # a group with no step
+        if t.grad_accum == 1 or t.sync_gradients: self.acc, self.n = None, 0   # a group with no step
 
     def after_epoch(self):
         if self.epoch_points == 0: self._stop('the dataloader yielded no full optimizer step')

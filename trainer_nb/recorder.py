@@ -211,7 +211,7 @@ class Recorder(Hook):
         s = t.state
         if self._noted == s.iteration: return   # its step noted: the next stretch of losses starts after this batch
         if self._cur is not None and self._cur[0] == s.step: self._note()   # the step's after_step was cut short
-        elif t.grad_accum == 1 or t.accelerator.sync_gradients:
+        elif t.grad_accum == 1 or t.sync_gradients:
             self._lo = len(t.losses)   # a group that ended without a step: its losses belong to no step
 
     def after_epoch(self):
