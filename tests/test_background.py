@@ -165,16 +165,45 @@ def test_two_trainers_in_the_background_at_once():
     for t, r in zip(ts, refs):
         t.wait()
         assert all(torch.equal(a, b) for a, b in zip(t.model.parameters(), r.model.parameters()))
-    # with accumulation, Accelerate's one process-wide state would mix the two groups' steps: refused
-    ts[0].add_hooks(gate := Gate(ts[0].state.iteration + 2))
-    ts[0].fit(1, lr=1e-2, background=True)
-    gate.reached.wait()
-    ts[1].grad_accum = 2
-    for start in (lambda: ts[1].fit(1, lr=1e-2, background=True), lambda: ts[1].fit(1, lr=1e-2)):
-        with pytest.raises(RuntimeError, match=r"Two trainers can't fit at once when either accumulates"):
-            start()
-    gate.go.set()
+
+
+class Lockstep(Hook):
+    "The first `rounds` batches of each fit in lockstep with the other's (a barrier after each): both mid-group at once."
+    def __init__(self, barrier, rounds): self.barrier, self.rounds, self.n = barrier, rounds, 0
+    def after_batch(self):
+        if self.n < self.rounds:
+            self.n += 1
+            self.barrier.wait(timeout=120)
+
+
+def accumulating(seed, grad_accum, hooks=()):
+    torch.manual_seed(seed)
+    g = torch.Generator().manual_seed(seed)
+    m = torch.nn.Sequential(torch.nn.Linear(5, 8), torch.nn.Tanh(), torch.nn.Linear(8, 1))
+    return Trainer(m, DataLoader(regression_ds(60, seed=seed), batch_size=4, shuffle=True, generator=g),
+                   loss_func=F.mse_loss, default_hooks=False, grad_accum=grad_accum, hooks=[Recorder(), *hooks])
+
+
+@pytest.mark.parametrize('second', ['background', 'foreground'])
+def test_two_accumulating_fits_at_once_each_as_alone(second):
+    """Two trainers accumulating over groups of 2 and of 3 batches (15 a epoch: a last, shorter group), their batches
+    in lockstep: each keeps its own group (where it stands, its divisor), and ends bitwise as its fit alone."""
+    refs = [accumulating(s, k) for s, k in ((1, 2), (2, 3))]
+    for r in refs: r.fit(2, lr=1e-2)
+    barrier = threading.Barrier(2)
+    ts = [accumulating(s, k, [Lockstep(barrier, 25)]) for s, k in ((1, 2), (2, 3))]
+    ts[0].fit(2, lr=1e-2, background=True)
+    if second == 'background':
+        ts[1].fit(2, lr=1e-2, background=True)
+        ts[1].wait()
+    else: ts[1].fit(2, lr=1e-2)
     ts[0].wait()
+    for t, r in zip(ts, refs):
+        assert t.state.step == r.state.step == 2 * -(-15 // t.grad_accum)
+        assert all(torch.equal(a, b) for a, b in zip(t.model.parameters(), r.model.parameters()))
+        assert t.losses.slice(0, len(t.losses)).tolist() == r.losses.slice(0, len(r.losses)).tolist()
+        assert all(p.grad is None for p in t.model.parameters())
+    assert not any(h.barrier.broken for t in ts for h in t.hooks if isinstance(h, Lockstep))
 
 
 def run(cfg):

@@ -78,7 +78,7 @@ def test_lr_forms():
     t.lr = slice(1e-2)
     assert t.lrs == pytest.approx([1e-3, 1e-3, 1e-2])
     t.lr = [1e-5, 1e-4, 1e-3]
-    assert [g['lr'] for g in t.opt.param_groups] == pytest.approx([1e-5, 1e-4, 1e-3])
+    assert [g['lr'] for g in t.opt.param_groups] == pytest.approx([1e-5, 1e-4, 1e-3] * 2)   # (no-decay twins, after)
     t.lr = 1e-2                    # a number is the fastest group's LR, the others keeping their ratios
     assert t.lrs == pytest.approx([1e-4, 1e-3, 1e-2]) and t.lr == pytest.approx(1e-2)
     for bad, msg in ((slice(0, 1e-2), 'positive'), ([1e-3, 1e-2], '2 values for 3'), (slice(1, 2, 3), 'no step')):
@@ -101,8 +101,8 @@ def test_lr_finder_sweeps_every_group_at_its_ratio_and_restores():
     t.split('body', 'head').lr = slice(1e-3)
     before = [dict(g) for g in t.opt.param_groups]
     t.lr_find(num_it=20, show=False)
-    assert len(seen) >= 10 and all(np.isclose(b / a, 10) for a, b in seen)
-    assert max(a for a, _ in seen) > 100 * seen[0][0]          # it swept (then the check's trials, at the same ratio)
+    assert len(seen) >= 10 and all(np.isclose(s[1] / s[0], 10) and s[2:] == s[:2] for s in seen)   # twins follow
+    assert max(s[0] for s in seen) > 100 * seen[0][0]          # it swept (then the check's trials, at the same ratio)
     assert np.allclose(t.lrs, [1e-4, 1e-3])
     assert [g['lr'] for g in t.opt.param_groups] == [g['lr'] for g in before]
 
@@ -125,7 +125,7 @@ def test_split_errors_and_the_rest_group():
     with pytest.raises(ValueError, match="in no group.*head.weight"): t.split('body')
     with pytest.raises(ValueError, match="No parameters in group"): t.split('', 'neck')
     t.split('', t.model.head)     # '' takes what is not elsewhere; a module names its own group
-    assert [len(g['params']) for g in t.opt.param_groups] == [4, 2]
+    assert [len(g['params']) for g in t.opt.param_groups] == [2, 1, 2, 1]   # matrices, then each group's 1-d ones
     assert t.opt.param_groups[1]['params'][0] is t.model.head.weight
     assert t.opt.param_groups[1]['weight_decay'] == t.opt.param_groups[0]['weight_decay'] == 0.01
 

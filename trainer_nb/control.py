@@ -8,8 +8,9 @@ import copy, math, signal, threading, time
 from typing import Callable, NamedTuple
 
 # %% auto #0
-__all__ = ['SETTERS', 'Pause', 'Change', 'check_lr', 'check_weight_decay', 'scale_lr', 'set_weight_decay', 'Setter', 'Control',
-           'ask_changes', 'wait_held', 'FitStopped', 'Controls']
+__all__ = ['TWIN', 'SETTERS', 'Pause', 'Change', 'check_lr', 'check_weight_decay', 'scale_lr', 'set_weight_decay', 'Setter',
+           'no_decay_groups', 'own_groups', 'match_twins', 'Control', 'ask_changes', 'wait_held', 'FitStopped',
+           'Controls']
 
 # %% ../nbs/00_control.ipynb #5464daba
 from .base import ResumePlan, rng_state, set_rng_state
@@ -74,6 +75,8 @@ class Change:
         self.applied.set()
 
 # %% ../nbs/00_control.ipynb #11bd3219
+TWIN = 'no_decay_of'   # a no-decay group's key: the index of the group whose one-dimensional parameters it holds
+
 def check_lr(lr) -> float:
     "`lr` as a float, or a `ValueError` if it is not a positive finite number."
     if isinstance(lr, bool) or not (isinstance(lr, (int, float)) and math.isfinite(lr) and lr > 0):
@@ -111,9 +114,10 @@ def scale_lr(t, new: float) -> tuple[float, float]:
     return now, float(new)
 
 def set_weight_decay(t, new: float) -> tuple[float, float]:
-    "Set the weight decay of every parameter group that decays (a group at 0 stays at 0). Returns `(old, new)`."
+    """Set the weight decay of every parameter group that decays (a group at 0 stays at 0; a no-decay group of
+    `no_decay_groups` too). Returns `(old, new)`."""
     new = check_weight_decay(new)
-    groups = [g for o in t.optimizers.values() for g in o.param_groups if 'weight_decay' in g]
+    groups = [g for o in t.optimizers.values() for g in o.param_groups if 'weight_decay' in g and TWIN not in g]
     if not groups: raise ValueError("The optimizer has no weight_decay to set")
     old = max(g['weight_decay'] for g in groups)
     for g in groups:
@@ -131,6 +135,33 @@ def _set_base_lr(t, lr: float): t.lr = lr
 
 SETTERS = {'lr': Setter(check_lr, scale_lr, _set_base_lr),
            'weight_decay': Setter(check_weight_decay, set_weight_decay, set_weight_decay)}
+
+# %% ../nbs/00_control.ipynb #49c12414
+def no_decay_groups(opt) -> int:
+    """In optimizer `opt` (torch's), in place: each group's one-dimensional parameters moved to a twin group with its
+    settings but `weight_decay=0`, the twins after the groups. Idempotent: again, it moves only what a change left in
+    a group (`split`, `add_param_group`). Marks `opt.no_decay`; returns the number of groups (twins not counted)."""
+    groups = opt.param_groups
+    own, twins = [g for g in groups if TWIN not in g], {g[TWIN]: g for g in groups if TWIN in g}
+    for i, g in enumerate(own):
+        ones = [p for p in g['params'] if p.ndim <= 1]
+        if not ones: continue
+        g['params'] = [p for p in g['params'] if p.ndim > 1]
+        if i in twins: twins[i]['params'] = twins[i]['params'] + ones
+        else: twins[i] = {**{k: v for k, v in g.items() if k not in ('params', 'initial_lr')},
+                          'params': ones, 'weight_decay': 0.0, TWIN: i}
+    groups[:] = own + [twins[i] for i in sorted(twins) if i < len(own)]   # (in place: hooks may hold the list)
+    opt.no_decay = True
+    return len(own)
+
+def own_groups(groups) -> int:
+    "How many of an optimizer's `param_groups` are its own groups (the no-decay twins, after them, not counted)."
+    return sum(TWIN not in g for g in groups)
+
+def match_twins(groups):
+    "Each no-decay twin's LR made its group's (after the groups' LRs were set one by one)."
+    for g in groups:
+        if TWIN in g: g['lr'] = groups[g[TWIN]]['lr']
 
 # %% ../nbs/00_control.ipynb #1adeee1f
 class Control:

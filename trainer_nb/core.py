@@ -32,7 +32,7 @@ from .lr_find import lr_find
 from .trackers import Trackers
 from .runs import RunRecorder
 from .background import BackgroundFit, release_thread_pool
-from .control import Pause, ask_changes, wait_held
+from .control import Pause, ask_changes, match_twins, no_decay_groups, own_groups, wait_held
 from .adapters import adapter_hooks, merge_adapters
 from .workflow import (fine_tune, freeze, group_lrs, largest_batch_size, model_summary, quick_fit, split, unfreeze)
 
@@ -152,6 +152,8 @@ class Trainer(Loop):
             return quick_fit(self, epochs, lr, resume, limit_batches, overfit_batches, fast_dev_run,
                              max_steps=max_steps, eval_every=eval_every)
         self._check_fit(epochs, max_steps, eval_every)
+        opt = self.opt.optimizer
+        if getattr(opt, 'no_decay', False): no_decay_groups(opt)   # (a group added since: its 1-d parameters spared)
         self.lr = lr if lr is not None else self.lr   # each fit starts from the base LRs
         self._run(epochs, max_steps, eval_every,
                   resume=None if resume is None else functools.partial(_resume_at, self, resume, epochs, max_steps))
@@ -164,9 +166,11 @@ class Trainer(Loop):
     @lr.setter
     def lr(self, lr):
         groups, now = self.opt.param_groups, self.lrs
-        if len(now) != len(groups): now = [max(now)] * len(groups)   # (after `split`)
+        n = own_groups(groups)   # (the no-decay twins after them follow their groups: see "Weight decay")
+        if len(now) != n: now = [max(now)] * n   # (after `split`)
         self.lrs = group_lrs(lr, now)
         for g, b in zip(groups, self.lrs): g['lr'] = b
+        if n < len(groups): match_twins(groups)
 
     @property
     def history(self):
@@ -402,7 +406,7 @@ def _make_optimizer(opt_func, model, lr):
     "The optimizer: `opt_func(params, lr=)`, or `opt_func` itself when it is an optimizer (its first group's LR > 0)."
     if not isinstance(opt_func, torch.optim.Optimizer):
         opt = opt_func(model.parameters(), lr=1e-3 if lr is None else lr)
-        if opt_func is torch.optim.AdamW: _decay_matrices_only(opt)   # (the default; a factory of yours: as it is)
+        if opt_func is torch.optim.AdamW: no_decay_groups(opt)   # (the default; a factory of yours: as it is)
         return opt
     lr0 = float(opt_func.param_groups[0]['lr'])
     if not lr0 > 0:
@@ -416,12 +420,13 @@ def _make_optimizer(opt_func, model, lr):
 
 def _base_lrs(opt) -> list[float]:
     """The base LR of each group of `opt`: its `lr`, times its `lr_scale` over the largest one when a group has one
-    (timm's layer decay; the groups are set to them)."""
-    groups = opt.param_groups
+    (timm's layer decay; the groups are set to them). The no-decay twins, after the groups, follow theirs."""
+    groups = opt.param_groups[:own_groups(opt.param_groups)]
     if not any('lr_scale' in g for g in groups): return [g['lr'] for g in groups]
     scales = [float(g.get('lr_scale', 1.)) for g in groups]
     lrs = [g['lr'] * sc / max(scales) for g, sc in zip(groups, scales)]
     for g, lr in zip(groups, lrs): g['lr'] = lr
+    match_twins(opt.param_groups)
     return lrs
 
 def _wants_trackers(t, log_with, accelerator) -> bool:
@@ -447,25 +452,6 @@ def _prepare_optimizers(acc, model, opt_func, optimizers, lr, compile=False):
         if not isinstance(compile, (bool, Mapping)): raise TypeError(f"compile must be True or a dict, got {compile!r}")
         model = torch.compile(model, **(compile if isinstance(compile, Mapping) else {}))
     return model, dict(zip(opts, prepared))
-
-# %% ../nbs/00_core.ipynb #c333ed66
-def _decay_matrices_only(opt):
-    """No weight decay on `opt`'s one-dimensional parameters (biases, normalisation weights): before each step they are
-    divided by the factor its decay multiplies them by. `opt.no_decay` marks it (for `summary`). Each group's
-    one-dimensional parameters are listed once, again only when the group changes (`split`, `add_param_group`)."""
-    ones = {}   # id(group) -> (the group, kept: its id stays its own; its params list, their number, the 1-d ones)
-    def before(o, args, kwargs):
-        with torch.no_grad():
-            for g in o.param_groups:
-                f = 1 - g['weight_decay'] * float(g['lr'])
-                if not 0 < f < 1: continue
-                params, got = g['params'], ones.get(id(g))
-                if got is None or got[1] is not params or got[2] != len(params):
-                    got = ones[id(g)] = (g, params, len(params), [p for p in params if p.ndim <= 1])
-                ps = [p for p in got[3] if p.grad is not None]
-                if ps: torch._foreach_div_(ps, f)
-    opt.register_step_pre_hook(before)
-    opt.no_decay = True
 
 # %% ../nbs/00_core.ipynb #d9a68e1b
 def _fit_scheduled(t, epochs, lr, factory, resume, max_steps=None, eval_every=None):

@@ -224,7 +224,7 @@ class LayerStats(MainProcessHook):
     def before_batch(self):
         t = self.trainer
         if self._done: self._remove()
-        if (t.state.step + 1) % (self.every * self.samples.stride) or not t.accelerator.sync_gradients: return
+        if (t.state.step + 1) % (self.every * self.samples.stride) or not t.sync_gradients: return
         self._remove()   # (a sample whose step never came: skipped under fp16, or its batch cancelled)
         acts = self._acts = [None] * len(self._mods)
         def keep(i):

@@ -53,6 +53,7 @@ class Loop(Controls, HookSet, TrainerState, Forward, Evaluation, Devices):
         self.schedulers, self._prepared, self._inputs = {}, {}, None   # (`_inputs`: what the model's forward takes)
         self._calls = EventCalls()     # (bound anew by each fit)
         self._keep_state()   # Accelerate's state as this trainer has it (see `Devices._own_state`)
+        self.sync_gradients, self._accum_step = True, 0   # where its accumulation group stands (see "The step")
         self._plain = _Plain(self)
 
     # ---- the loop: run -> epoch -> batch -> optimizer step ----
@@ -75,7 +76,9 @@ class Loop(Controls, HookSet, TrainerState, Forward, Evaluation, Devices):
         self.control.begin()   # (what was asked of the last fit forgotten; of a background call before it began, kept)
         self.fitting, self.cancelled, self.phase, self._stopped = True, None, None, None
         self._fit_thread = threading.current_thread()
-        _ACTIVE.append(self)   # where `log_scalar` sends values
+        with _SYNC_LOCK:   # where `log_scalar` sends values; beside another fit, Accelerate's flag left True
+            _ACTIVE.append(self)
+            if len(_ACTIVE) > 1: self.accelerator.gradient_state._set_sync_gradients(True)
         old_sigint = self._catch_stop_button()   # the stop button asks for a stop after the batch (see below)
         try:
             self._calls.run('before_fit')
@@ -119,6 +122,7 @@ class Loop(Controls, HookSet, TrainerState, Forward, Evaluation, Devices):
             _set_epoch(dl, s.epoch)   # a sampler's or dataset's order for this epoch (see below)
             if calls['before_epoch']: calls.run('before_epoch')
             loader, batches = _epoch_batches(self, dl, start)
+            self._plain.loader = loader   # (whose last batch ends an accumulation group)
             self._epoch_first = len(self.losses) - s.batch
             (self._short_epoch if self._plain.short else self._batches)(batches, stop, every)   # (chosen once per fit)
             if s.batch == 0 and s.n_batches == 0: raise ValueError("train_dl yielded no batches")
@@ -150,7 +154,7 @@ class Loop(Controls, HookSet, TrainerState, Forward, Evaluation, Devices):
                 _validate_in_epoch(self)   # (not at the epoch's last batch: the epoch's validation follows)
             s.batch += 1
             if s.step >= stop: break   # `max_steps` reached: the epoch ends here, and the fit with it
-            if control.asked and self.accelerator.sync_gradients: self._take_requests(s.batch)   # (at a step)
+            if control.asked and self.sync_gradients: self._take_requests(s.batch)   # (at a step)
 
     def _train_batch(self, batch):
         "One batch: its pass (`_pass`); the batch counted; when one is due, the optimizer step; `after_batch`."
@@ -226,7 +230,7 @@ class Loop(Controls, HookSet, TrainerState, Forward, Evaluation, Devices):
                 _validate_in_epoch(self)
             s.batch += 1
             if s.step >= stop: break
-            if control.asked and self.accelerator.sync_gradients: self._take_requests(s.batch)
+            if control.asked and self.sync_gradients: self._take_requests(s.batch)
 
     def _pass(self, batch) -> tuple:
         """The batch's passes: `before_batch`, forward, `after_pred`, loss, `after_loss`, backward, `after_backward`.
@@ -249,7 +253,7 @@ class Loop(Controls, HookSet, TrainerState, Forward, Evaluation, Devices):
                 p.backward(loss if p.items is None else p.items.weigh(loss))
                 self._backward_done = True
                 if calls['after_backward']: calls.run('after_backward')
-                due = p.every_batch or self.accelerator.sync_gradients
+                due = p.every_batch or self.sync_gradients
                 if due and p.grads and not p.grads_finite(p.grads): raise self._non_finite_here(batch, 'gradient')
             if p.lean: self.preds = self.out = None   # (not alive through the step: a lean step)
         except CancelBatch:
@@ -300,7 +304,7 @@ class Loop(Controls, HookSet, TrainerState, Forward, Evaluation, Devices):
         gradients, step it and its scheduler, zero its gradients. Returns whether the optimizer stepped."""
         name, o = _named_opt(self, opt)
         acc = self.accelerator
-        if not acc.sync_gradients: return False
+        if not self.sync_gradients: return False
         if not self._step_begun:   # `before_step` once per batch, before its first optimizer step
             self._step_begun = True
             if self._calls['before_step']: self._calls.run('before_step')
@@ -341,12 +345,14 @@ class Loop(Controls, HookSet, TrainerState, Forward, Evaluation, Devices):
         self._check_alone()
 
     def _check_alone(self):
-        "Refuse a fit beside another trainer's when either accumulates gradients (Accelerate's state for it is one)."
+        """Refuse a fit beside another trainer's when either accumulates gradients under DeepSpeed, whose engine steps
+        inside the backward pass by Accelerate's one flag for the process (elsewhere each trainer keeps its group)."""
         others = [o for o in _ACTIVE if o is not self]
-        if others and (self.grad_accum > 1 or any(o.grad_accum > 1 for o in others)):
-            raise RuntimeError("Two trainers can't fit at once when either accumulates gradients (grad_accum > 1): "
-                               "Accelerate keeps where an accumulation group stands in one state for the whole "
-                               "process. Let the other fit end first (trainer.wait())")
+        if others and any(o.grad_accum > 1 and _engine_steps(o) for o in (self, *others)):
+            raise RuntimeError("Two trainers can't fit at once when either accumulates gradients (grad_accum > 1) "
+                               "under DeepSpeed: its engine steps by Accelerate's one state for the whole process. "
+                               "Let the other fit end first (trainer.wait())")
+
 
 # %% ../nbs/00_base_loop.ipynb #d56ab1b8
 _ACTIVE = []   # the trainers whose fit is running (the innermost last): where `log_scalar` sends values
@@ -374,6 +380,11 @@ class _Plain:
                                                                 DistributedType.MULTI_GPU)
         self.every_batch, self.one_process = t.grad_accum == 1, acc.num_processes == 1
         self.run_pass = t._pass if self.every_batch else functools.partial(_accumulated_pass, t)
+        # accumulation, counted by the trainer (`_accumulated_pass`): the group's end at the loader's last batch too
+        # (Accelerate's `sync_with_dataloader`), and gradients synced between processes at that batch only
+        kw = acc.gradient_state.plugin_kwargs
+        self.loader, self.with_loader = None, kw.get('sync_with_dataloader', True)   # (`loader`: set each epoch)
+        self.no_sync = None if not acc.use_distributed or kw.get('sync_each_batch', False) else acc.no_sync
         self.opt = t.opt.optimizer if plain else t.opt   # the optimizer to step: torch's, or Accelerate's wrapper
         self.pending = t.losses.pending   # where each batch's loss goes (the log's list, flushed in place)
         self.keep = torch.Tensor.item if acc.device.type == 'cpu' else torch.Tensor.detach   # (see `LossLog`)
@@ -390,7 +401,7 @@ class _Plain:
         self.loss_of = functools.partial(_loss_of, t) if _sums(t.loss_func) else t.loss_func   # (see below)
         # the three parts of the step: a subclass's override where it has one, else what the trainer's would call
         # (torch's backward where Accelerate's would add nothing: no scaling, no division by 1)
-        self.backward_of = torch.Tensor.backward if plain and self.every_batch else acc.backward
+        self.backward_of = _backward_of(acc, t.grad_accum, plain)
         self.backward = self.backward_of if _inherited(t, 'backward') else t.backward
         self.optimizer_step = (self.opt.step if _inherited(t, 'optimizer_step') and t.max_grad_norm is None
                                else t.optimizer_step)
@@ -408,10 +419,6 @@ def _inherited(t, name: str) -> bool:
     "Is `t`'s method `name` the `Loop`'s own (not overridden by a subclass, nor set on the instance)?"
     return getattr(getattr(t, name), '__func__', None) is getattr(Loop, name)
 
-def _accumulated_pass(t, batch) -> tuple:
-    "`t._pass(batch)` inside Accelerate's `accumulate` (which counts the group's batches and, under DDP, syncs)."
-    with t.accelerator.accumulate(t.model): return t._pass(batch)
-
 def _named_opt(t, opt):
     "`(name, optimizer)` for `opt`: a name, one of `optimizers` (or what it wraps), or None for the first."
     if opt is None: return next(iter(t.optimizers.items()))
@@ -426,7 +433,7 @@ def _drop_grads(t):
 
 def _drop_batch(t):
     "What `CancelBatch` before the step leaves: no gradient of this batch kept (nor of its group, when mixed in)."
-    if t.grad_accum == 1 or t._backward_done or t.accelerator.sync_gradients: _drop_grads(t)
+    if t.grad_accum == 1 or t._backward_done or t.sync_gradients: _drop_grads(t)
     if len(t.losses) == t.state.iteration: t.losses.append_skipped()   # cancelled before its loss: NaN, not an error
 
 def _rows_everywhere(acc, bs: int) -> int:
@@ -435,6 +442,52 @@ def _rows_everywhere(acc, bs: int) -> int:
     gs = acc.gradient_state
     if gs.end_of_dataloader and gs.remainder > 0: return gs.remainder
     return bs * acc.num_processes
+
+# %% ../nbs/00_base_loop.ipynb #0bfe511c
+def _accumulated_pass(t, batch) -> tuple:
+    """`t._pass(batch)` in an accumulation group whose position the trainer keeps (as Accelerate's `accumulate` counts,
+    but per trainer): `sync_gradients` says whether this batch ends the group (its `grad_accum`-th batch, or the
+    loader's last); before that, on several processes, its backward pass does not sync the gradients (`no_sync`)."""
+    p, n = t._plain, t._accum_step + 1
+    end = p.with_loader and _loader_ends(t)
+    sync = t.sync_gradients = end or n % t.grad_accum == 0
+    t._accum_step = 0 if end else n
+    _mirror_sync(t.accelerator, sync)
+    if sync or p.no_sync is None: return t._pass(batch)
+    with p.no_sync(t.model): return t._pass(batch)
+
+def _loader_ends(t) -> bool:
+    "Is this batch the loader's last: as Accelerate's loaders say (they read one batch ahead), else by its length."
+    end = getattr(t._plain.loader, 'end_of_dataloader', None)
+    if end is not None: return end
+    s = t.state
+    return s.n_batches > 0 and s.batch + 1 == s.n_batches
+
+_SYNC_LOCK = threading.Lock()   # (`_ACTIVE` joined, and Accelerate's flag set, one thread at a time)
+
+def _mirror_sync(acc, sync: bool):
+    """Accelerate's own flag (`accelerator.sync_gradients`: its optimizer wrapper steps only when it is True, and code
+    that asks the accelerator reads it) set to the fit's decision while the fit is the only one; beside another it
+    stays True, and each loop steps its optimizer only when its own group ends."""
+    with _SYNC_LOCK: acc.gradient_state._set_sync_gradients(sync or len(_ACTIVE) > 1)
+
+def _engine_steps(t) -> bool:
+    "Does Accelerate's engine step the optimizer itself, by Accelerate's process-wide flag (DeepSpeed)?"
+    return t.accelerator.distributed_type == DistributedType.DEEPSPEED
+
+def _backward_of(acc, k: int, plain: bool):
+    """The backward pass of a batch's loss: torch's where Accelerate's would add nothing; else the loss divided by the
+    trainer's own `grad_accum` `k` (Accelerate's divisor is one for the process) and scaled by the grad scaler, as
+    Accelerate's backward does; Accelerate's own under DeepSpeed and Megatron-LM (their engines do the rest)."""
+    if plain and k == 1: return torch.Tensor.backward
+    if acc.distributed_type in (DistributedType.DEEPSPEED, DistributedType.MEGATRON_LM) or acc.has_lomo_optimizer:
+        return acc.backward
+    return functools.partial(_divided_backward, k, None if acc.scaler is None else acc.scaler.scale)
+
+def _divided_backward(k: int, scale, loss, **kw):
+    loss = loss / k   # (by 1 too, as Accelerate does: the same bits)
+    (loss if scale is None else scale(loss)).backward(**kw)
+
 
 # %% ../nbs/00_base_loop.ipynb #cbc5ee9a
 class _ItemCount:
@@ -462,7 +515,7 @@ class _ItemCount:
         acc, n = t.accelerator, self.total
         if not isinstance(n, torch.Tensor): return   # (no batch counted: nothing to scale)
         if acc.num_processes > 1: n = acc.reduce(n.to(acc.device), 'sum')
-        factor = (acc.gradient_accumulation_steps * acc.num_processes / n.clamp(min=1).double()).float()
+        factor = (t.grad_accum * acc.num_processes / n.clamp(min=1).double()).float()
         grads = [p.grad for p in t.model.parameters() if p.grad is not None]
         if grads: torch._foreach_mul_(grads, factor.to(grads[0].device))
         self.total = 0
@@ -609,9 +662,8 @@ def _cleanup(t):
 def _drop_unfinished(t):
     "Forget a batch that stopped half-way (its logged loss) and the gradients of an unfinished accumulation group."
     if len(t.losses) > t.state.iteration: t.losses.truncate(max(t.state.iteration, t.losses.n_host))
-    acc = t.accelerator
-    acc.gradient_state._set_sync_gradients(True)   # (no public setter) the next batch starts a new group
-    acc.step = 0
+    t.sync_gradients, t._accum_step = True, 0   # the next batch starts a new group
+    t.accelerator.gradient_state._set_sync_gradients(True)   # (no public setter; True is right beside other fits too)
     _drop_grads(t)   # mid-group too, unlike Accelerate's
 
 # %% ../nbs/00_base_loop.ipynb #8a62d9d5

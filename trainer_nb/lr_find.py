@@ -17,6 +17,7 @@ __all__ = ['MIN_POINTS', 'SUGGESTIONS', 'START_CUT', 'NOISE_Z', 'MIN_READ', 'CHE
 # %% ../nbs/05_lr_find.ipynb #82eecdd7
 import numpy as np
 from .base import CancelBatch, CancelFit, Hook, LossLog, Smoother, TrainerWarning, check_idle
+from .control import match_twins
 from .recorder import new_figure
 from .progress import view_box
 
@@ -219,7 +220,9 @@ class _Sweep(Hook):
 
     def before_step(self):
         lr = self.sched[len(self.lrs)]
-        for g, r in zip(self.trainer.opt.param_groups, self.ratios): g['lr'] = lr * r
+        groups = self.trainer.opt.param_groups
+        for g, r in zip(groups, self.ratios): g['lr'] = lr * r
+        if len(groups) > len(self.ratios): match_twins(groups)   # (the no-decay twins follow their groups)
 
     def after_loss(self):
         loss = self.trainer.loss.detach().float()
@@ -249,7 +252,7 @@ class _Sweep(Hook):
     def after_batch(self):
         t = self.trainer
         t.losses.truncate(t.losses.n_host)   # the sweep's stand-in log: nothing to keep
-        if t.grad_accum == 1 or t.accelerator.sync_gradients: self.acc, self.n = None, 0   # a group with no step
+        if t.grad_accum == 1 or t.sync_gradients: self.acc, self.n = None, 0   # a group with no step
 
     def after_epoch(self):
         if self.epoch_points == 0: self._stop('the dataloader yielded no full optimizer step')

@@ -12,6 +12,7 @@ __all__ = ['new_figure', 'tick_label', 'static_bundle', 'Recorder', 'Binned']
 # %% ../nbs/01_recorder.ipynb #b6e98ae6
 import numpy as np
 from .base import Hook, Smoother, as_table, to_plain
+from .control import own_groups
 from .progress import fmt_time
 
 # %% ../nbs/01_recorder.ipynb #3562dd8a
@@ -185,7 +186,8 @@ class Recorder(Hook):
     # ---- events
     def before_fit(self):
         t = self.trainer
-        self._pgs = t.opt.optimizer.param_groups if hasattr(t.opt, 'optimizer') else t.opt.param_groups
+        pgs = t.opt.optimizer.param_groups if hasattr(t.opt, 'optimizer') else t.opt.param_groups
+        self._pgs = pgs[:own_groups(pgs)]   # (the groups the user made: their no-decay twins have their LRs)
         self._mom_key = _momentum_key(self._pgs[0])
         self._forget_lost()
         self._lo, self._cur, self._noted = len(t.losses), None, -1
@@ -211,7 +213,7 @@ class Recorder(Hook):
         s = t.state
         if self._noted == s.iteration: return   # its step noted: the next stretch of losses starts after this batch
         if self._cur is not None and self._cur[0] == s.step: self._note()   # the step's after_step was cut short
-        elif t.grad_accum == 1 or t.accelerator.sync_gradients:
+        elif t.grad_accum == 1 or t.sync_gradients:
             self._lo = len(t.losses)   # a group that ended without a step: its losses belong to no step
 
     def after_epoch(self):

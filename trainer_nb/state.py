@@ -44,7 +44,7 @@ class TrainerState:
         grad scaler or random generators: Accelerate's `save_state` and `rng_state` hold those."""
         return {'state': self.state.state_dict(), 'lrs': list(self._lrs),
                 'schedulers': {k: s.state_dict() for k, s in self.schedulers.items()},
-                'accum_step': int(self.accelerator.step), 'grad_accum': self.grad_accum,
+                'accum_step': self._accum_step, 'grad_accum': self.grad_accum,
                 'losses': self.losses.state_dict(), 'logged': self.logged.state_dict(), 'changes': list(self.changes),
                 'hooks': {k: h.state_dict() for k, h in self.hook_keys()} if hooks else None}
 
@@ -56,7 +56,7 @@ class TrainerState:
         self.state.load_state_dict(sd['state'])
         self._lrs = list(sd['lrs'])
         for k, v in sd['schedulers'].items(): self.schedulers[k].load_state_dict(v)
-        self.accelerator.step = sd['accum_step']
+        self._accum_step = int(sd['accum_step'])
         if 'losses' in sd: self.losses.load_state_dict(sd['losses'])
         if 'logged' in sd: self.logged.load_state_dict(sd['logged'])
         self.control.changes = list(sd.get('changes', []))

@@ -12,6 +12,7 @@ __all__ = ['hparams', 'Trackers']
 
 # %% ../nbs/16_trackers.ipynb #c5f94294
 from .base import MainProcessHook, name_of, to_plain
+from .control import own_groups
 
 # %% ../nbs/16_trackers.ipynb #0439aa94
 def _flat(d, prefix: str = '') -> dict:
@@ -48,7 +49,8 @@ def _lrs(t) -> dict:
     out = {}
     for i, (k, o) in enumerate(t.optimizers.items()):
         pre = 'train/lr' if i == 0 else f'train/lr_{k}'
-        for j, g in enumerate(o.param_groups): out[pre if j == 0 else f'{pre}_{j}'] = g['lr']
+        for j, g in enumerate(o.param_groups[:own_groups(o.param_groups)]):   # (no-decay twins: their group's)
+            out[pre if j == 0 else f'{pre}_{j}'] = g['lr']
     return out
 
 def _scalars(prefix: str, results: dict, skip=()) -> dict:

@@ -17,7 +17,7 @@ from torch.optim.lr_scheduler import ReduceLROnPlateau
 import itertools
 from torch.utils.data import IterableDataset
 from .base import EVENTS, Hook, check_idle, check_monitor, rng_state, set_rng_state
-from .control import check_lr
+from .control import check_lr, no_decay_groups, own_groups, TWIN
 
 # %% ../nbs/15_workflow.ipynb #79b6b2b5
 def _positive(out: list, lr) -> list[float]:
@@ -60,11 +60,11 @@ def _group_names(t, item) -> list[str]:
 def _params_of(t, which) -> list:
     "The parameters of each group index and module-name prefix in `which`."
     groups, out = t.opt.param_groups, []
+    n = own_groups(groups)   # (the groups the user made; the no-decay twins after them go with theirs)
     for w in which:
         if isinstance(w, int):
-            if not -len(groups) <= w < len(groups):
-                raise IndexError(f"No parameter group {w}: the optimizer has {len(groups)}")
-            out += groups[w]['params']
+            if not -n <= w < n: raise IndexError(f"No parameter group {w}: the optimizer has {n}")
+            out += [p for i, g in enumerate(groups) if g.get(TWIN, i) == w % n for p in g['params']]
         elif isinstance(w, str):
             found = [p for n, p in t.unwrapped_model.named_parameters() if _matches(n, w)]
             if not found: raise ValueError(f"No parameters under module {w!r}")
@@ -92,6 +92,7 @@ def split(trainer, *groups):
     settings = {k: v for k, v in opt.param_groups[0].items() if k not in ('params', 'initial_lr')}
     opt.param_groups.clear()   # in place: hooks may hold the list
     for m in members: opt.add_param_group({**settings, 'params': m, 'lr': lr})
+    if getattr(opt, 'no_decay', False): no_decay_groups(opt)   # (each group's twin: see `trainer_nb.control`)
     trainer.lr = [lr] * len(members)
     return trainer
 
@@ -99,7 +100,7 @@ def freeze(trainer, *which):
     "`trainer.freeze(...)`: stop training the groups or modules given; with none, every group but the last."
     check_idle(trainer, 'freeze parameters')
     if not which:
-        n = len(trainer.opt.param_groups)
+        n = own_groups(trainer.opt.param_groups)
         if n < 2: raise ValueError("freeze() freezes every parameter group but the last, and there is one group: "
                                    "split the model first (trainer.split('body', 'head')), or name what to freeze")
         which = tuple(range(n - 1))
@@ -305,10 +306,8 @@ def _decay_note(opt) -> str:
     "Which parameters the optimizer's weight decay applies to, in words ('' where it has none)."
     wds = {g['weight_decay'] for g in opt.param_groups if g.get('weight_decay')}
     if not wds: return ''
-    spared = getattr(opt, 'no_decay', False)   # (the trainer's default AdamW: not the 1-d parameters)
-    n = lambda keep: sum(p.numel() for g in opt.param_groups if g.get('weight_decay') for p in g['params'] if keep(p))
-    on = n(lambda p: not spared or p.ndim > 1)
-    off = n(lambda p: spared and p.ndim <= 1)
+    on = sum(p.numel() for g in opt.param_groups if g.get('weight_decay') for p in g['params'])
+    off = sum(p.numel() for g in opt.param_groups if TWIN in g for p in g['params'])   # (`no_decay_groups`' twins)
     rate = '/'.join(f"{w:g}" for w in sorted(wds))
     return f"{rate} on {on:,} parameters" + (f"; none on {off:,} (biases, normalisation weights)" if off else "")
 
