@@ -6,9 +6,11 @@ a wider one (784-512-512-10). Contenders run interleaved, each repetition starti
 `MODEL CONTENDER: median x (quartiles Q1-Q3, best/best B)`, the ratio of its steps/s to the reference's in the same
 repetition (the median over repetitions, and its quartiles), and B the ratio of the best steps/s of each.
 
-- `raise_grads`: the fit with `nan_policy='raise_grads'` (each loss checked before its backward pass, and the gradients
-  before each step) against the default `nan_policy='raise'` (the losses only, free on the CPU: the loop holds each
-  loss as a number already).
+- `grad check`: the default fit (`nan_policy='raise'`: each loss checked before its backward pass, free on the CPU
+  where the loop holds it as a number already, and the gradients after it, one fused pass over them) against the same
+  fit with the gradients' check taken out (`ref`: the losses only).
+- `grad check, max_grad_norm`: with `max_grad_norm=1`, where the check reads the norm that clipping computes, against
+  the same clipped fit without that check.
 - `Timing`: the fit with the `Timing` hook (its own hook calls, and every hook's methods timed) against the same fit
   without it.
 - `LayerStats every=N`: the fit with the hook (sampling every N optimizer steps) against the same fit without it.
@@ -30,18 +32,32 @@ def make(kind, steps):
     for h in hidden: layers += [nn.Linear(w, h), nn.ReLU()]; w = h
     return nn.Sequential(*layers, nn.Linear(w, out)), [distinct[i % 16] for i in range(steps)]
 
-def fit(kind, steps, every=None, nan_policy='raise', timing=False):
-    "Steps/s of a fit of `steps` steps, with `LayerStats(every=every)` unless None, under `nan_policy`, timed or not."
+def no_grad_check(on: bool):
+    "Take the gradients' check out of the fits that follow (`on`), or put it back: the loop's choices, made per fit."
+    import trainer_nb.loop as loop
+    init = getattr(loop._Plain, '_checked_init', loop._Plain.__init__)
+    def unchecked(self, t):
+        init(self, t)
+        self.grads, self.norm_check = None, False
+    loop._Plain._checked_init = init
+    loop._Plain.__init__ = unchecked if on else init
+
+def fit(kind, steps, every=None, nan_policy='raise', timing=False, grad_check=True, max_grad_norm=None):
+    """Steps/s of a fit of `steps` steps, with `LayerStats(every=every)` unless None, under `nan_policy`, timed or not,
+    the gradients checked or not."""
     from trainer_nb.core import Trainer
     from trainer_nb.hooks import Timing
     from trainer_nb.inside import LayerStats
     model, batches = make(kind, steps)
     hooks = ([] if every is None else [LayerStats(every=every, report=False)]) + ([Timing()] if timing else [])
     tr = Trainer(model, batches, loss_func=F.cross_entropy, opt_func=torch.optim.SGD, lr=0.01, cpu=True,
-                 default_hooks=False, hooks=hooks, nan_policy=nan_policy)
-    t = time.perf_counter()
-    tr.fit(1)
-    return steps / (time.perf_counter() - t)
+                 default_hooks=False, hooks=hooks, nan_policy=nan_policy, max_grad_norm=max_grad_norm)
+    no_grad_check(not grad_check)
+    try:
+        t = time.perf_counter()
+        tr.fit(1)
+        return steps / (time.perf_counter() - t)
+    finally: no_grad_check(False)
 
 def compare(kind, contenders, steps, reps):
     "`{name: (median ratio, q1, q3, best ratio)}` against contender 'ref', run interleaved."
@@ -62,13 +78,19 @@ def main():
     ap.add_argument('--steps', type=int, default=400)
     ap.add_argument('--reps', type=int, default=15)
     ap.add_argument('--every', type=int, nargs='+', default=[50, 100, 200])
+    ap.add_argument('--only-grad-check', action='store_true', help="the gradients' check only (no Timing, LayerStats)")
     ap.add_argument('--models', nargs='+', default=list(MODELS), choices=list(MODELS))
     a = ap.parse_args()
     for kind in a.models:
-        c = {'ref': lambda k, s: fit(k, s), 'raise_grads': lambda k, s: fit(k, s, nan_policy='raise_grads'),
-             'Timing': lambda k, s: fit(k, s, timing=True)}
-        c.update({f'LayerStats every={e}': (lambda k, s, e=e: fit(k, s, every=e)) for e in a.every})
-        for n, (med, q1, q3, best) in compare(kind, c, a.steps, a.reps).items():
-            print(f"{kind} {n}: {med:.3f} x (quartiles {q1:.3f}-{q3:.3f}, best/best {best:.3f})", flush=True)
+        c = {'ref': lambda k, s: fit(k, s, grad_check=False), 'grad check': lambda k, s: fit(k, s),
+             'Timing': lambda k, s: fit(k, s, timing=True, grad_check=False)}
+        if a.only_grad_check: del c['Timing']
+        else: c.update({f'LayerStats every={e}': (lambda k, s, e=e: fit(k, s, every=e, grad_check=False))
+                        for e in a.every})
+        clipped = {'ref': lambda k, s: fit(k, s, grad_check=False, max_grad_norm=1.),
+                   'grad check, max_grad_norm': lambda k, s: fit(k, s, max_grad_norm=1.)}
+        for cs in (c, clipped):
+            for n, (med, q1, q3, best) in compare(kind, cs, a.steps, a.reps).items():
+                print(f"{kind} {n}: {med:.3f} x (quartiles {q1:.3f}-{q3:.3f}, best/best {best:.3f})", flush=True)
 
 if __name__ == '__main__': main()

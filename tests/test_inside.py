@@ -1,4 +1,5 @@
 """Looking inside a fit: where a non-finite value started (the module named, the trainer left as the batch found it)."""
+import math
 import random
 
 import numpy as np
@@ -79,15 +80,77 @@ def test_forward_names_the_module_and_leaves_the_batch_as_it_found_it():
     assert (t.state.epoch, t.state.batch, t.state.iteration, t.state.step) == counters
 
 
+class _NaNGrad(torch.autograd.Function):
+    "The identity forward; backward: the gradient times NaN when `armed`."
+    @staticmethod
+    def forward(ctx, h, armed):
+        ctx.armed = armed
+        return h.clone()
+    @staticmethod
+    def backward(ctx, g): return (g * math.nan if ctx.armed else g), None
+
+class Poison(nn.Module):
+    "Finite forward, a NaN gradient in backward when the batch holds a marked row (first input 99)."
+    armed = False
+    def forward(self, h): return _NaNGrad.apply(h, self.armed)
+
+class Marked(nn.Module):
+    def __init__(self):
+        super().__init__()
+        torch.manual_seed(0)
+        self.body, self.poison, self.head = nn.Linear(5, 8), Poison(), nn.Linear(8, 1)
+    def forward(self, x):
+        self.poison.armed = bool((x[:, 0] == 99.).any())
+        return self.head(self.poison(torch.tanh(self.body(x))))
+
+def marked_ds(row=9):
+    "24 samples, batches of 4: the row marked is in the third batch (iteration 2)."
+    x, y = regression_ds(24).tensors
+    x = x.clone(); x[row, 0] = 99.
+    return TensorDataset(x, y)
+
+
 @pytest.mark.usefixtures('on_the_cpu')
-def test_non_finite_weights_name_their_modules_and_the_policy_that_locates_them():
-    "By default gradients are not checked: the next loss finds the weights the step made non-finite, and says so."
-    t = Trainer(sqrt_net(), DataLoader(regression_ds(24), batch_size=4), loss_func=F.mse_loss, default_hooks=False)
-    with pytest.raises(NonFiniteError, match=r"^Non-finite loss \(nan\) in epoch 1, batch 2 \(iteration 1, step 1") as info:
+@pytest.mark.parametrize('kw', [{}, {'max_grad_norm': 1.0}, {'grad_accum': 2}, {'hooks': 'keep'}],
+                         ids=['default', 'max_grad_norm', 'grad_accum', 'general_path'])
+def test_a_gradient_made_non_finite_is_caught_at_its_own_batch(kw):
+    """A finite loss whose backward pass makes NaN (in `poison`) at batch 3: caught there by default, before the
+    optimizer step (by the clipped norm with `max_grad_norm`; at its own micro-batch when accumulating), the module
+    named, the weights and the optimizer's state bitwise as before that batch."""
+    kw = dict(kw, hooks=[Keep(at=2)]) if kw.get('hooks') else kw   # (a before_batch hook: the general path)
+    t = Trainer(Marked(), DataLoader(marked_ds(), batch_size=4), loss_func=F.mse_loss, opt_func=torch.optim.AdamW,
+                default_hooks=False, **kw)
+    w = []   # the weights and the optimizer's state as each training forward pass begins
+
+    def copy(m, args):
+        state = t.opt.optimizer.state.items()
+        if m.training: w.append(([p.detach().clone() for p in m.parameters()],
+                                 {k: {n: v.clone() for n, v in st.items()} for k, st in state}))
+    t.model.register_forward_pre_hook(copy)
+    with pytest.raises(NonFiniteError) as info: t.fit(1)
+    e = info.value
+    step = 1 if kw.get('grad_accum') else 2
+    assert (e.epoch, e.batch, e.iteration, e.step) == (1, 3, 2, step), str(e)
+    assert e.module == 'poison' and e.origin.kind == 'gradient', str(e)
+    assert str(e).startswith("Non-finite gradients in epoch 1, batch 3 (iteration 2")
+    assert "made by the backward pass of `poison` (Poison)" in str(e)
+    weights, opt_state = w[2]   # as they were when batch 3 began
+    assert all(torch.equal(a, p) for a, p in zip(weights, t.model.parameters()))
+    assert opt_state and all(torch.equal(v, t.opt.optimizer.state[k][n]) for k, st in opt_state.items()
+                             for n, v in st.items())
+    assert all(torch.isfinite(p).all() for p in t.model.parameters())
+
+
+@pytest.mark.usefixtures('on_the_cpu')
+def test_non_finite_weights_name_their_modules():
+    "Weights already non-finite (made so outside the checks): the first loss finds them, and the error says which."
+    model = sqrt_net()
+    with torch.no_grad(): model.body[0].weight[0, 0] = math.nan
+    t = Trainer(model, DataLoader(regression_ds(24), batch_size=4), loss_func=F.mse_loss, default_hooks=False)
+    with pytest.raises(NonFiniteError, match=r"^Non-finite loss \(nan\) in epoch 1, batch 1 \(iteration 0, step 0") as info:
         t.fit(1)
     assert info.value.origin.kind == 'weights' and info.value.module == 'body.0'
-    assert "The weights of `body.0` are not finite already: step 1 made them so" in str(info.value)
-    assert "nan_policy='raise_grads'" in str(info.value)
+    assert "The weights of `body.0` are not finite already" in str(info.value)
 
 
 @pytest.mark.usefixtures('on_the_cpu')

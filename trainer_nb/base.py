@@ -301,6 +301,25 @@ class LossLog(_LossReading):
         if len(self._chunks) > 1: self._chunks = [torch.cat(self._chunks)]
         return self._chunks[0] if self._chunks else torch.zeros(0)
 
+    def set_at(self, indices: list, value):
+        """Put `value` (a one-element tensor) in place of the losses at `indices` (the batches of an accumulation
+        group: their step's loss): pending ones take it as it is (on the CPU, as a number), ones on the host in
+        place."""
+        if not indices: return
+        n, pending, host = self._n, self._pending, None
+        for i in indices:
+            if i >= n:
+                old = pending[i - n]
+                pending[i - n] = value if isinstance(old, torch.Tensor) else float(value)
+                continue
+            host = float(value) if host is None else host
+            end = n
+            for c in reversed(self._chunks):   # (rare: flushed in the middle of its group)
+                if i >= end - len(c):
+                    c[i - end + len(c)] = host
+                    break
+                end -= len(c)
+
     def truncate(self, n: int):
         "Forget the losses from index `n` on (a batch that did not finish); only ones still pending can be forgotten."
         if n < self._n: raise ValueError(f"Can't cut the loss log back to {n}: its first {self._n} are on the host")

@@ -94,7 +94,7 @@ class Trainer(Loop):
                  mixed_precision: str = 'no',  # 'no' | 'bf16' | 'fp16'
                  grad_accum: int = 1,  # batches per optimizer step (gradient accumulation)
                  max_grad_norm: float | None = None,  # clip the gradients' norm once per optimizer step
-                 nan_policy: str = 'raise',    # 'raise' | 'raise_grads' | 'skip' (see "Non-finite losses")
+                 nan_policy: str = 'raise',    # 'raise' ('raise_grads': the same) | 'skip' (see "Non-finite losses")
                  sync_every: int = 100,         # batches between moving losses to the host
                  cpu: bool = False,   # train on the CPU even when an accelerator is there
                  log_with=None,       # experiment trackers: 'tensorboard', 'mlflow' or a list (see below)
@@ -375,20 +375,22 @@ def _apply_plan(t, plan, epochs, max_steps=None):
 _RERUN = " (the batch run again under module hooks, without the trainer's hooks)"
 
 def _non_finite_at(t, batch, what: str) -> NonFiniteError:
-    """The error for the batch in hand: its loss (before its backward pass) or its gradients (before the optimizer
-    step) not finite, with the module where that started (the batch re-run by `find_non_finite`, without hooks)."""
+    """The error for the batch in hand: its loss (`what='loss'`, before its backward pass) or its gradients (after
+    it: `'gradient'`; at the step, the batch counted, their clipped norm: `'norm'`) not finite, with the module where
+    that started (the batch re-run by `find_non_finite`, without hooks)."""
     s, lr = t.state, max(g['lr'] for g in t.opt.param_groups)
+    it = s.iteration - (what == 'norm')   # (the step's batch is counted before its step)
     kept, calls, t._calls = (t.preds, t.out, t.loss), t._calls, EventCalls()
     try: origin = _weights_gone(t) or find_non_finite(t.unwrapped_model, lambda: t._forward(batch, train=True)[0],
-                                                      what == 'gradient')
+                                                      what != 'loss')
     finally: (t.preds, t.out, t.loss), t._calls = kept, calls
     head = f"Non-finite loss ({float(t.losses.pending[-1])})" if what == 'loss' else "Non-finite gradients"
     return NonFiniteError(
-        f"{head} in epoch {s.epoch + 1}, batch {s.batch + 1} (iteration {s.iteration}, step {s.step}, LR {lr:.3g}). "
+        f"{head} in epoch {s.epoch + 1}, batch {s.batch + 1} (iteration {it}, step {s.step}, LR {lr:.3g}). "
         f"{origin}{_RERUN if origin.kind != 'weights' else ''}. Found before its "
         f"{'backward pass' if what == 'loss' else 'optimizer step'}: the weights and the optimizer are as they were "
         "before this batch. Lower the LR, set max_grad_norm=, check the data, or pass nan_policy='skip' to skip "
-        "such batches", origin, epoch=s.epoch + 1, batch=s.batch + 1, iteration=s.iteration, step=s.step, lr=lr)
+        "such batches", origin, epoch=s.epoch + 1, batch=s.batch + 1, iteration=it, step=s.step, lr=lr)
 
 def _weights_gone(t) -> NonFiniteOrigin | None:
     "When parameters are not finite already (an earlier step made them so), the origin that says which ones."
@@ -397,9 +399,9 @@ def _weights_gone(t) -> NonFiniteOrigin | None:
     if not bad: return None
     return NonFiniteOrigin('weights', bad[-1], None, (
         f"The weights of {', '.join(f'`{n}`' for n in bad[:8])}{' ...' if len(bad) > 8 else ''} are not finite "
-        f"already: step {t.state.step} made them so, from non-finite gradients (or a non-finite update). "
-        "nan_policy='raise_grads' checks the gradients before each step and names the module whose backward pass "
-        "made them non-finite"))
+        f"already: step {t.state.step} made them so, from non-finite gradients (or a non-finite update), or they "
+        "were so before the fit. Where each loss reaches the host at its batch (the CPU, or sync_every=1) the "
+        "gradients are checked before each step, and the module whose backward pass made them non-finite named"))
 
 # %% ../nbs/00_core.ipynb #4bed3e72
 def _make_optimizer(opt_func, model, lr):

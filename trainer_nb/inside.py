@@ -141,11 +141,22 @@ def total_norm(ts) -> torch.Tensor:
     "The 2-norm of the tensors `ts` taken together, in float32, on their device (one fused norm per tensor)."
     return torch.linalg.vector_norm(torch.stack([n.float() for n in torch._foreach_norm(ts)]))
 
+_ONE = {}   # device -> a 1-element 1.0 (the scale `grads_finite` multiplies by)
+
 def grads_finite(params) -> bool:
-    """Whether every gradient of `params` is finite: the largest magnitude over them all (not the 2-norm, whose square
-    overflows for large finite gradients), read on the host."""
+    """Whether every gradient of `params` is finite (large finite values are), read on the host: one fused pass, the
+    check a grad scaler makes (torch's `_amp_foreach_non_finite_check_and_unscale_`, which multiplies them by 1,
+    exactly: they stay bitwise as they were); where that kernel is missing, their largest magnitude."""
     gs = [p.grad for p in params if p.grad is not None]
-    return not gs or math.isfinite(torch.stack(torch._foreach_norm(gs, math.inf)).amax())
+    if not gs: return True
+    dev = gs[0].device
+    one = _ONE.get(dev)
+    if one is None: one = _ONE[dev] = torch.ones(1, device=dev)
+    found = torch.zeros(1, device=dev)
+    try: torch._amp_foreach_non_finite_check_and_unscale_(gs, found, one)
+    except (RuntimeError, NotImplementedError):   # (a device or dtype without the kernel)
+        return math.isfinite(torch.stack([n.float() for n in torch._foreach_norm(gs, math.inf)]).amax())
+    return not found.item()
 
 # %% ../nbs/18_inside.ipynb #b4a0c68c
 STATS = ('act_mean', 'act_std', 'near_zero', 'grad_norm', 'update_ratio')

@@ -185,6 +185,7 @@ class Loop(Controls, HookSet, TrainerState, Forward, Evaluation, Devices):
         instead of making it anew. That graph holds no activations (its backward pass freed them)."""
         s, p, calls, key, control = self.state, self._plain, self._calls, self._plain.preds_key, self.control
         loss_of, keep, pending, check, backward, lean = p.loss_of, p.keep, p.pending, p.check, p.backward, p.lean
+        grads, grads_finite = p.grads, p.grads_finite
         opt_step, scheds, zero_grad, sync_every = p.optimizer_step, p.schedulers, p.zero_grad, p.sync_every
         before_step, after_step, after_batch = calls['before_step'], calls['after_step'], calls['after_batch']
         for batch in batches:
@@ -201,6 +202,7 @@ class Loop(Controls, HookSet, TrainerState, Forward, Evaluation, Devices):
                     pending.append(kept)
                     if check and not math.isfinite(kept): raise self._non_finite_here(batch, 'loss')
                     backward(loss)
+                    if grads and not grads_finite(grads): raise self._non_finite_here(batch, 'gradient')
                     due = True
                     if lean: self.preds = self.out = out = preds = None   # (not alive through the step: a lean step)
                 except CancelBatch:   # (from the model or the loss function)
@@ -253,8 +255,8 @@ class Loop(Controls, HookSet, TrainerState, Forward, Evaluation, Devices):
                 p.backward(loss if p.items is None else p.items.weigh(loss))
                 self._backward_done = True
                 if calls['after_backward']: calls.run('after_backward')
+                if p.grads and not p.grads_finite(p.grads): raise self._non_finite_here(batch, 'gradient')
                 due = p.every_batch or self.sync_gradients
-                if due and p.grads and not p.grads_finite(p.grads): raise self._non_finite_here(batch, 'gradient')
             if p.lean: self.preds = self.out = None   # (not alive through the step: a lean step)
         except CancelBatch:
             _drop_batch(self)
@@ -290,9 +292,14 @@ class Loop(Controls, HookSet, TrainerState, Forward, Evaluation, Devices):
             if self._calls['after_backward']: self._calls.run('after_backward')
 
     def optimizer_step(self):
-        "Clip the gradients to `max_grad_norm` (when set) and step the optimizer. A subclass may override it."
-        if self.max_grad_norm is not None: self.accelerator.clip_grad_norm_(self.model.parameters(), self.max_grad_norm)
-        self._plain.opt.step()
+        """Clip the gradients to `max_grad_norm` (when set) and step the optimizer; a non-finite norm (where gradients
+        are checked) raises before the step. A subclass may override it."""
+        p = self._plain
+        if self.max_grad_norm is not None:
+            norm = self.accelerator.clip_grad_norm_(self.model.parameters(), self.max_grad_norm)
+            if p.norm_check and norm is not None and not math.isfinite(norm):
+                raise self._non_finite_here(self.batch, 'norm')
+        p.opt.step()
 
     def zero_grad(self, opt=None):
         "Forget the gradients of optimizer `opt` (a name in `optimizers`, or one of them; default: the first)."
@@ -392,7 +399,10 @@ class _Plain:
         self.items = _ItemCount(t) if _counts_items(t) else None   # token-exact accumulation (see below)
         self.check = (t.nan_policy != 'skip' and not t.manual and self.one_process   # (see "Non-finite losses")
                       and (acc.device.type == 'cpu' or t.sync_every == 1))
-        grads = self.check and t.nan_policy == 'raise_grads' and acc.scaler is None   # (fp16: the scaler checks them)
+        grads = self.check and acc.scaler is None   # the gradients too (fp16: the scaler checks them)
+        # with `max_grad_norm`, a step a batch: the norm `clip_grad_norm_` returns is checked (`optimizer_step`)
+        self.norm_check = grads and self.every_batch and t.max_grad_norm is not None
+        grads = grads and not (self.norm_check and _inherited(t, 'optimizer_step'))
         self.grads = [p for p in t.model.parameters() if p.requires_grad] if grads else None
         self.grads_finite = t._grads_finite   # (read only when `grads`: where they are checked)
         self.skip, self.manual, self.sync_every = t.nan_policy == 'skip', t.manual, t.sync_every
@@ -411,7 +421,7 @@ class _Plain:
         # the short path (`Loop._short_epoch`): nothing of the batch's own but the model, the loss and the step
         self.short = (self.every_batch and self.one_process and self.scaler is None and not self.manual
                       and t.train_step is None and t.loss_func is not None and self.items is None and not self.skip
-                      and self.grads is None and not any(t._calls[e] for e in _INNER) and _inherited(t, '_train_batch'))
+                      and not any(t._calls[e] for e in _INNER) and _inherited(t, '_train_batch'))
 
 _INNER = ('before_batch', 'after_pred', 'after_loss', 'after_backward')   # the events inside a batch's passes
 
@@ -429,7 +439,7 @@ def _named_opt(t, opt):
 def _drop_grads(t):
     "Forget every optimizer's gradients (a batch dropped with its accumulation group), and their items' count."
     for o in t.optimizers.values(): o.optimizer.zero_grad(set_to_none=True)
-    if t._plain.items is not None: t._plain.items.total = 0
+    if t._plain.items is not None: t._plain.items.reset()
 
 def _drop_batch(t):
     "What `CancelBatch` before the step leaves: no gradient of this batch kept (nor of its group, when mixed in)."
@@ -496,7 +506,12 @@ class _ItemCount:
         m = t.unwrapped_model
         causal = getattr(getattr(m, 'loss_function', None), '__name__', '') == 'ForCausalLMLoss'   # (transformers')
         self.shift = t.loss_func is None and causal and not getattr(getattr(m, 'config', None), 'is_encoder_decoder', 0)
-        self.pad, self.total, self.batch = t.pad_index, 0, None
+        self.pad, self.batch, self.log = t.pad_index, None, t.losses
+        self.reset()
+
+    def reset(self):
+        "A new group: no items, no loss summed, no batch logged."
+        self.total, self.sum, self.logged = 0, 0, []
 
     def count(self, batch):
         "This batch's items: its labels that are not padding (a causal LM's from the second on: what its loss sums)."
@@ -506,19 +521,28 @@ class _ItemCount:
         return self.batch
 
     def weigh(self, loss):
-        "What to back-propagate for a batch whose mean `loss` is over `count(batch)` items: their sum."
+        """What to back-propagate for a batch whose mean `loss` is over `count(batch)` items: their sum (kept, detached,
+        for the step's loss; the batch's place in the loss log, the last, noted)."""
         self.total = self.total + self.batch
-        return loss * self.batch
+        s = loss * self.batch
+        self.sum = self.sum + s.detach()
+        self.logged.append(len(self.log) - 1)
+        return s
 
     def normalize(self, t):
-        "At the group's end: the gradients of the sums divided by the group's items over every process."
+        """At the group's end: the gradients of the sums divided by the group's items over every process, and the
+        step's loss (the sum of every item's loss over their number: what HF's Trainer logs) logged for each of the
+        group's batches."""
         acc, n = t.accelerator, self.total
         if not isinstance(n, torch.Tensor): return   # (no batch counted: nothing to scale)
-        if acc.num_processes > 1: n = acc.reduce(n.to(acc.device), 'sum')
-        factor = (t.grad_accum * acc.num_processes / n.clamp(min=1).double()).float()
+        both = torch.stack([n.to(acc.device).double(), self.sum.to(acc.device).double()])
+        if acc.num_processes > 1: both = acc.reduce(both, 'sum')   # (one reduction: the items and their losses)
+        n = both[0].clamp(min=1)
+        factor = (t.grad_accum * acc.num_processes / n).float()
         grads = [p.grad for p in t.model.parameters() if p.grad is not None]
         if grads: torch._foreach_mul_(grads, factor.to(grads[0].device))
-        self.total = 0
+        if len(self.logged) > 1 or acc.num_processes > 1: self.log.set_at(self.logged, (both[1] / n).float())
+        self.reset()
 
 def _sums(f) -> bool: return getattr(f, 'reduction', None) == 'sum'   # a loss (a torch loss module) that sums
 
