@@ -3,11 +3,11 @@
 With `TRAINER_NB_FAILURES=path` in the environment, each failed test's report is appended to `path` as it happens, so
 that a run stopped at a time limit (where pytest's summary never prints) still tells why each test failed.
 
-Under pytest-xdist (`make test-py` runs `-n 2 --dist loadgroup -m 'not serial'`, then `-m serial` alone): the tests
-that share a module- or session-scoped fixture (the docs build, a distributed run's results) go to one worker
-together, so that the fixture is made once; tests marked `serial` (they load the machine themselves, or assert
-what a fit draws per second) are left to the second, one-process run; the longest groups start first."""
-import inspect
+Under pytest-xdist (`make test-py` runs `-n 2 --dist loadfile -m 'not serial'`, then `-m serial` alone): each file's
+tests go to one worker, so that a module-scoped fixture (a distributed run's results) is made once; the docs tests
+(two files sharing the session's docs build, which writes into the checkout) are marked `serial`, like a test that
+loads the machine itself and counts frames per second: left to the second, one-process run. The longest files start
+first."""
 import os
 import socket
 import sys
@@ -35,23 +35,16 @@ def pytest_configure(config):
     _WORKER = hasattr(config, 'workerinput')   # (under pytest-xdist the controller writes what its workers report)
 
 
-# files whose tests take longest (a built docs site, distributed runs, kill and browser runs): started first, so that
+# files whose tests take longest (the largest files, distributed and kill runs, the GPU benchmark): started first, so that
 # the parallel run does not end with one worker busy on them while the other waits
-FIRST = ('test_docs.py', 'test_docs_site.py', 'test_recorder.py', 'test_cli_distributed.py', 'test_distributed.py',
+FIRST = ('test_lr_find.py', 'test_checkpoint.py', 'test_recorder.py', 'test_cli_distributed.py', 'test_distributed.py',
          'test_checkpoint_dist.py', 'test_bench_gpu.py')
 
 
 def pytest_collection_modifyitems(config, items):
-    "A test that uses a module- or session-scoped fixture of ours joins that fixture's xdist group; the longest first."
-    here = Path(__file__).resolve().parent
-    for item in items:
-        shared = [d for defs in item._fixtureinfo.name2fixturedefs.values() for d in defs[-1:]
-                  if d.scope in ('module', 'session') and Path(inspect.getsourcefile(d.func)).resolve().parent == here]
-        if not shared: continue
-        session = sorted(d.argname for d in shared if d.scope == 'session')   # (the docs site: two files share it)
-        item.add_marker(pytest.mark.xdist_group(session[0] if session else item.path.stem))
+    "The longest files first (stable: the order within a file is kept)."
     rank = {name: i for i, name in enumerate(FIRST)}
-    items.sort(key=lambda it: rank.get(it.path.name, len(FIRST)))   # (stable: the order within a file is kept)
+    items.sort(key=lambda it: rank.get(it.path.name, len(FIRST)))
 
 
 def pytest_runtest_logreport(report):
