@@ -7,7 +7,7 @@ VENV ?= .venv
 TORCH ?= torch==2.13.0
 BIN := $(VENV)/bin
 
-.PHONY: demo test test-nbs test-py install readme docs clean
+.PHONY: demo test test-quick test-nbs test-py install readme docs clean
 
 demo: $(VENV)/.installed
 	$(BIN)/trainer-nb demo
@@ -20,8 +20,23 @@ test-nbs: $(VENV)/.installed
 	cd nbs && ../$(BIN)/nbdev_test --n_workers 2 --timing --skip_file_re '^([_.]|12_launch)'
 	cd nbs && ../$(BIN)/nbdev_test --n_workers 1 --timing --path 12_launch.ipynb
 
+# pytest-xdist: WORKERS processes share out the test files (a file's tests in one process: its module fixtures made
+# once); then the tests marked `serial` run alone: the docs build and pages, which share one build written into the
+# checkout, and a test that loads the machine itself (see tests/conftest.py)
+WORKERS ?= 2
+PYTEST_FLAGS ?= -q -p no:cacheprovider --durations=20
+
 test-py: $(VENV)/.installed
-	$(BIN)/pytest -q tests
+	$(BIN)/pytest $(PYTEST_FLAGS) -n $(WORKERS) --dist loadfile -m 'not serial' tests
+	$(BIN)/pytest $(PYTEST_FLAGS) -m serial tests
+
+# between commits (a few minutes): the loop, hooks, resume and checkpoints, the recorded numbers, export sync and
+# code quality; tests marked `slow` (a minute or more each) are left to `make test`
+QUICK = test_loop test_short_path test_recorder test_schedule test_accum test_checkpoint test_resume_loud test_stop \
+        test_best_weights test_eval test_seed test_ema test_plateau test_sync test_code_quality
+test-quick: $(VENV)/.installed
+	$(BIN)/pytest $(PYTEST_FLAGS) -n $(WORKERS) --dist loadfile -m 'not serial and not slow' \
+		$(foreach t,$(QUICK),$(wildcard tests/$(t).py))
 
 install: $(VENV)/.installed
 

@@ -1,7 +1,13 @@
 """Shared fixtures: small data sets and models, and a fresh Accelerate state for every test.
 
 With `TRAINER_NB_FAILURES=path` in the environment, each failed test's report is appended to `path` as it happens, so
-that a run stopped at a time limit (where pytest's summary never prints) still tells why each test failed."""
+that a run stopped at a time limit (where pytest's summary never prints) still tells why each test failed.
+
+Under pytest-xdist (`make test-py` runs `-n 2 --dist loadfile -m 'not serial'`, then `-m serial` alone): each file's
+tests go to one worker, so that a module-scoped fixture (a distributed run's results) is made once; the docs tests
+(two files sharing the session's docs build, which writes into the checkout) are marked `serial`, like a test that
+loads the machine itself and counts frames per second: left to the second, one-process run. The longest files start
+first."""
 import os
 import socket
 import sys
@@ -22,8 +28,23 @@ _WORKER = False
 
 def pytest_configure(config):
     global _WORKER
-    config.addinivalue_line('markers', 'slow: takes more than a minute')
+    config.addinivalue_line('markers', 'slow: long (a minute or more here), or one of several variants of a long test: '
+                                       'left out of make test-quick, run by make test')
+    config.addinivalue_line('markers', 'serial: must not share the machine with other tests (make test-py runs it '
+                                       'after the parallel part, alone)')
     _WORKER = hasattr(config, 'workerinput')   # (under pytest-xdist the controller writes what its workers report)
+
+
+# files whose tests take longest (the largest files, distributed and kill runs, the GPU benchmark): started first, so that
+# the parallel run does not end with one worker busy on them while the other waits
+FIRST = ('test_lr_find.py', 'test_checkpoint.py', 'test_recorder.py', 'test_cli_distributed.py', 'test_distributed.py',
+         'test_checkpoint_dist.py', 'test_bench_gpu.py')
+
+
+def pytest_collection_modifyitems(config, items):
+    "The longest files first (stable: the order within a file is kept)."
+    rank = {name: i for i, name in enumerate(FIRST)}
+    items.sort(key=lambda it: rank.get(it.path.name, len(FIRST)))
 
 
 def pytest_runtest_logreport(report):

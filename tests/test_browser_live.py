@@ -122,6 +122,7 @@ def widths_then_end(page, prefix, read):
 
 
 @needs_browser
+@pytest.mark.serial   # (it makes the machine busy itself: another test beside it would change what it measures)
 @pytest.mark.parametrize('app', ['lab', 'notebook7'])
 def test_live_plot_keeps_up_on_a_busy_machine(tmp_path, app):
     """Two CPU-bound processes beside a 20-second fit: a frame with new data at least twice a second, no gap over

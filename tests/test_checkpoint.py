@@ -66,9 +66,11 @@ def ckpt_iteration(path) -> int:
     return json.loads((path / 'trainer_state.json').read_text())['state']['iteration']
 
 
-@pytest.mark.parametrize('accum,sched,every,seed', [(1, 'none', 1, 0), (3, 'none', 2, 3), (2, 'onecycle', 3, 7),
-                                                    (1, 'fit_one_cycle', 2, 11)],
-                         ids=['plain', 'grad_accum', 'one_cycle', 'fit_one_cycle_resume'])
+@pytest.mark.parametrize('accum,sched,every,seed', [  # (make test-quick runs one_cycle: accumulation and a schedule)
+    pytest.param(1, 'none', 1, 0, id='plain', marks=pytest.mark.slow),
+    pytest.param(3, 'none', 2, 3, id='grad_accum', marks=pytest.mark.slow),
+    pytest.param(2, 'onecycle', 3, 7, id='one_cycle'),
+    pytest.param(1, 'fit_one_cycle', 2, 11, id='fit_one_cycle_resume', marks=pytest.mark.slow)])
 @pytest.mark.usefixtures('on_the_cpu')
 def test_sigkill_then_resume_is_bitwise_exact(tmp_path, tmp_path_factory, accum, sched, every, seed):
     from trainer_nb.checkpoint import list_checkpoints
@@ -98,6 +100,7 @@ def saving(d, p):
         time.sleep(0.0005)
 
 
+@pytest.mark.slow
 @pytest.mark.usefixtures('on_the_cpu')
 def test_kill_repeatedly_while_saving(tmp_path, tmp_path_factory):
     "A model large enough that saving takes most of the time, a save every step, SIGKILL at random moments."
@@ -132,7 +135,7 @@ def test_kill_repeatedly_while_saving(tmp_path, tmp_path_factory):
 
 
 @pytest.mark.usefixtures('on_the_cpu')
-@pytest.mark.parametrize('sig', ['SIGTERM', 'SIGINT'])
+@pytest.mark.parametrize('sig', ['SIGTERM', pytest.param('SIGINT', marks=pytest.mark.slow)])
 def test_signal_saves_at_step_boundary_and_stops(tmp_path, tmp_path_factory, sig):
     from trainer_nb.checkpoint import list_checkpoints
     cfg = {'epochs': 3, 'accum': 2}
@@ -426,6 +429,7 @@ with warnings.catch_warnings(record=True) as w:
 """
 
 
+@pytest.mark.slow
 def test_stale_lock_one_winner_when_runs_start_at_once(tmp_path):
     "Runs started at once on a stale lock: one takes it over, each other one is refused naming that one, at any timing."
     import socket

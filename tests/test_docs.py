@@ -4,7 +4,11 @@ import base64, importlib, inspect, json, re
 from html.parser import HTMLParser
 from pathlib import Path
 
+import pytest
+
 ROOT = Path(__file__).resolve().parent.parent
+# (in make test-py's one-process part, with test_docs_site.py: the docs site is built once, in one place)
+pytestmark = pytest.mark.serial
 MODULES = sorted(p.stem[3:] for p in (ROOT / 'nbs').glob('[0-9][0-9]_*.ipynb'))   # page names
 MODULES_IN_ORDER = [p.stem[3:] for p in sorted((ROOT / 'nbs').glob('[0-9][0-9]_*.ipynb'))]
 

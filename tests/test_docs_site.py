@@ -12,6 +12,8 @@ from jupyter_lab import CHROMIUM, needs_browser, sync_playwright
 from test_docs import module_of
 
 ROOT = Path(__file__).resolve().parent.parent
+# (in make test-py's one-process part, with test_docs.py: the docs site is built once, in one place)
+pytestmark = pytest.mark.serial
 
 ARGS = ['--headless', '--no-sandbox', '--disable-gpu', '--disable-quic', '--no-first-run',
         '--disable-background-networking', '--disable-component-update', '--disable-sync',

@@ -232,6 +232,7 @@ def measure_fit_memory(n, leak=False):
     assert r.returncode == 0, r.stderr[-3000:]
     return json.loads(r.stdout.splitlines()[-1])
 
+@pytest.mark.slow
 @pytest.mark.skipif(not os.path.exists('/proc/self/clear_refs'), reason="needs Linux's /proc/self/clear_refs")
 def test_a_million_steps_take_little_memory():
     """A real fit of a million optimizer steps, in its own process: the peak growth of its resident memory (everything:
@@ -469,6 +470,7 @@ def test_liveplot_redraw_cost_does_not_grow_with_the_steps():
     assert full > 8e6, full
 
 
+@pytest.mark.slow
 def test_a_long_record_is_what_a_slow_hook_saw():
     "Over more steps than a block (1,024 noted steps committed mid-fit): two groups' LRs, Adam's beta1, each loss."
     torch.manual_seed(0)
