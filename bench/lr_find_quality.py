@@ -15,6 +15,11 @@ and, held out (written before the default pick was designed, not run while it wa
   finetune   a fine-tune: a body trained here on digits 0-4, a new head for digits 5-9 (300 samples, batch 16); three
              parameter groups: the first layer frozen, the second at a tenth of the head's LR
   dropout    an MLP with two dropout layers of 0.5 on a 5-class mixture, batch 32
+and noisy small-batch regressions (added when lr_find's check went off by default, to watch its curve-only pick where
+the sweep is too noisy to be reliable; reported apart): a nonlinear function of 6 inputs with Gaussian noise, MSE,
+  noisy8     384 samples, noise sd 1.0, batch 8, an MLP of 64
+  noisy4     256 samples, noise sd 0.7, batch 4, an MLP of 32
+  noisy16    512 samples, noise sd 1.5, batch 16, an MLP of 64
 
 One lr_find (weights seed 0, lr_find's defaults unless `--check`/`--runs` say otherwise, the trainer with its
 validation loader as a user's would have) gives the default pick (`result.apply()`'s LR). Each LR (the pick, each LR of
@@ -179,6 +184,15 @@ class FineTune(nn.Module):
 PRETRAINED = {}
 
 
+def noisy_small(seed, n_train, sd):
+    "A nonlinear regression of 6 inputs with Gaussian noise of `sd` (a third of the samples for validation)."
+    g = torch.Generator().manual_seed(seed)
+    n = n_train + n_train // 2
+    X = torch.randn(n, 6, generator=g)
+    y = torch.sin(1.5 * X[:, :1]) + X[:, 1:2] * X[:, 2:3] - 0.5 * X[:, 3:4] + sd * torch.randn(n, 1, generator=g)
+    return split(X, y, n_train)
+
+
 def finetune_data():
     "Digits 5-9 (a few hundred, relabelled 0-4); the body is pretrained here, once, on digits 0-4."
     X, y = load_digits(return_X_y=True)
@@ -220,6 +234,13 @@ PROBLEMS = {
                                                nn.BatchNorm1d(64), nn.ReLU(), nn.Linear(64, 2)), F.cross_entropy, 32, 5),
     'gru': (symbols, GRUNet, F.cross_entropy, 32, 5),
     'batch8': (tabular4, lambda: nn.Sequential(nn.Linear(12, 32), nn.ReLU(), nn.Linear(32, 4)), F.cross_entropy, 8, 3),
+    # noisy small batches (added when the check went off by default): regressions whose per-batch losses scatter
+    'noisy8': (lambda: noisy_small(20, 384, 1.0), lambda: nn.Sequential(nn.Linear(6, 64), nn.ReLU(), nn.Linear(64, 1)),
+               F.mse_loss, 8, 4),
+    'noisy4': (lambda: noisy_small(21, 256, 0.7), lambda: nn.Sequential(nn.Linear(6, 32), nn.ReLU(), nn.Linear(32, 1)),
+               F.mse_loss, 4, 3),
+    'noisy16': (lambda: noisy_small(22, 512, 1.5), lambda: nn.Sequential(nn.Linear(6, 64), nn.ReLU(), nn.Linear(64, 1)),
+                F.mse_loss, 16, 5),
     # held out: written before the default pick was designed, and not looked at while it was
     'huber8': (huber, lambda: nn.Sequential(nn.Linear(5, 32), nn.ReLU(), nn.Linear(32, 1)), F.huber_loss, 8, 4),
     'padgru': (padded, PaddedGRU, F.cross_entropy, 32, 5),
@@ -228,6 +249,7 @@ PROBLEMS = {
                                                     nn.ReLU(), nn.Dropout(0.5), nn.Linear(128, 5)), F.cross_entropy, 32, 5),
 }
 HELD_OUT = ('huber8', 'padgru', 'finetune', 'dropout')
+NOISY = ('noisy8', 'noisy4', 'noisy16')   # added with the check off by default: reported apart
 
 
 def loaders(train_ds, valid_ds, bs, seed):
@@ -393,7 +415,8 @@ def main(names, seeds, stable, jobs, lf):
     print(f"\n| problem | ratio | {over_} | worst | fastai valley | {spread_} | lr_find's steps / the sweep's | "
           "lr_find cost in epochs of steps (sweep + check) | the check alone | lr_find time / epoch time |")
     print("|---|---|---|---|---|---|---|---|---|---|")
-    for part, keep in (("designed on", lambda n: n not in HELD_OUT), ("held out", lambda n: n in HELD_OUT)):
+    for part, keep in (("designed on", lambda n: n not in HELD_OUT + NOISY), ("held out", lambda n: n in HELD_OUT),
+                       ("noisy small batch", lambda n: n in NOISY)):
         for n, (r, rm, rw, f, sp, x, c, cc, tt) in rows.items():
             if not keep(n): continue
             m = (f"{rm:.3f} | {rw:.3f} | {f:.3f} | {sp:.2f}x" if stable else f"- | - | {f:.3f} | -")   # - : not run

@@ -1076,3 +1076,16 @@ def test_a_sweep_that_stops_early_says_what_it_saw(values, said):
     assert 'Only 3 usable points in the LR sweep:' in str(info.value) and 'diverged' not in str(info.value)
     assert 'The sweep stopped after 3 steps (1.00e-7 to' in note and said in note
     assert ('Raise div (now 4)' in note) == ('rose only' in said)
+
+
+def test_one_lucky_first_batch_does_not_stop_the_sweep():
+    """The benchmark's noisy4 (batch 4) on its second batch order began with these losses: the first batch's 0.50
+    was the best, and the 7th step's running mean (2.9) above 4x it ended the sweep at 3e-7, with a default there. A
+    single batch's loss is no running mean: the best counts from the second step, and the sweep runs to its end."""
+    start = [0.504, 3.222, 2.194, 0.438, 0.921, 2.584, 10.14]
+    t = make(loss_func=scripted(start + [2.0] * 93)); seed_all()
+    res = t.lr_find(show=False)
+    assert ema(start, 0.98)[-1] > 4 * start[0]           # over 4x the first batch's loss
+    assert len(res.lrs) == 100 and res.stop_reason == 'done'
+    t = make(loss_func=scripted([1.0, 0.9, 50.0] + [1.0] * 20)); seed_all()   # a loss that grows many-fold still stops
+    with pytest.raises(ValueError, match='Only 3 usable points'): t.lr_find(show=False, num_it=20)

@@ -134,11 +134,12 @@ def read_sweep(lrs, raw_losses) -> SweepReading:
     ppd = (n - 1) / (x[-1] - x[0]) if x[-1] > x[0] else 1.0        # points per decade of LR
     k = max(2, round(START_CUT * n)) if n >= 20 else 0
     x, y = x[k:], y[k:]
-    # divergence: after its low point, the (5-point median) loss rises clearly above where it started
+    # divergence: after its low point, the (5-point median) loss rises clearly above where it started and stays there
+    # (the LR only grows: a rise the loss comes back down from is a run of hard batches, not training blowing up)
     m5, sd = _smooth(y, 5), _noise(y)
     start = float(np.median(y[:max(3, len(y) // 10)]))
     j = int(np.argmin(m5))
-    up = np.nonzero(m5[j:] > start + 2 * sd)[0]
+    up = np.nonzero(np.minimum.accumulate(m5[j:][::-1])[::-1] > start + 2 * sd)[0]
     d = max(j + int(up[0]), MIN_POINTS) if len(up) else len(y)
     diverged = float(10 ** x[d]) if d < len(y) else None
     x, y = x[:d], y[:d]
@@ -243,7 +244,7 @@ class _Sweep(Hook):
         if not math.isfinite(loss): self._stop(f'the loss became NaN or infinite at LR {_lr_text(lr)}')
         smooth = float(self.smoother.update([loss])[-1])
         self.smooth.append(smooth)
-        self.best = min(self.best, smooth)
+        if len(self.lrs) > 1: self.best = min(self.best, smooth)   # not one batch's loss alone (see above)
         if self.best > 0 and smooth > self.div * self.best:   # a ratio to a best <= 0 means nothing (see above)
             self._stop(f'the smoothed loss exceeded {self.div:g}x its best at LR {_lr_text(lr)} '
                        f'({smooth:.3g} > {self.div:g} x {self.best:.3g})')
