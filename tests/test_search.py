@@ -158,3 +158,82 @@ def test_optuna_is_optional():
     lines = p.stdout.strip().splitlines()
     assert lines[0] == 'False'
     assert 'pip install trainer_nb[search]' in lines[1]
+
+
+def _config(tmp_path, epochs: int, trials: int) -> Path:
+    "A config of the linear problem with a search: section (YAML, as a user writes it)."
+    p = tmp_path / 'lin.yaml'
+    p.write_text(f"""name: lin
+imports: [search_parts]
+import_dirs: [{Path(P.__file__).parent}]
+model: lin
+data: lin_data
+loss: mse
+optimizer: SGD
+fit: {{epochs: {epochs}}}
+checkpoint: false
+metrics_log: false
+search:
+  lr: {{log: [1e-3, 1e-1]}}
+  optimizer.momentum: [0.0, 0.5, 0.9]
+  trials: {trials}
+  pruner: null
+""")
+    return p
+
+
+def _cli(*args):
+    "`trainer-nb search ARGS` in a process of its own, its output in files (a pipe nobody reads would block it)."
+    n = len(list(Path('.').glob('out-*.txt')))
+    out, err = open(f'out-{n}.txt', 'w+'), open(f'err-{n}.txt', 'w+')
+    p = subprocess.Popen([sys.executable, '-m', 'trainer_nb', 'search', *map(str, args)], stdout=out, stderr=err,
+                         env={**os.environ, 'PYTHONPATH': str(Path(__file__).parents[1])})
+    p.out, p.err = Path(out.name), Path(err.name)
+    return p
+
+
+def _ended(p, timeout=300) -> str:
+    "Wait for `p`; its output (a failure: its errors)."
+    p.wait(timeout)
+    assert p.returncode == 0, p.err.read_text()[-3000:]
+    return p.out.read_text()
+
+
+def _study(name: str):
+    from optuna.storages.journal import JournalFileBackend
+    storage = optuna.storages.JournalStorage(JournalFileBackend(f'runs/{name}/study.journal'))
+    return optuna.load_study(study_name=name, storage=storage)
+
+
+def test_two_workers_share_one_study(tmp_path):
+    cfg = _config(tmp_path, epochs=2, trials=8)
+    _ended(_cli(cfg, '--workers', 2, '--study', 'two'))
+    trials = _study('two').trials
+    assert len(trials) == 8 and sorted(t.number for t in trials) == list(range(8))
+    assert all(t.state.name == 'COMPLETE' for t in trials)
+    assert len({t.user_attrs['pid'] for t in trials}) == 2   # both worked
+    assert len({t.user_attrs['dir'] for t in trials}) == 8   # a run each, none trained twice
+    recs = [json.loads(p.read_text()) for p in Path('runs/two').glob('trial-*/record.json')]
+    assert len(recs) == 8 and {r['status'] for r in recs} == {'done'}
+
+
+def test_a_killed_search_goes_on(tmp_path):
+    cfg = _config(tmp_path, epochs=60, trials=3)
+    p = _cli(cfg, '--study', 'killed')
+    deadline = time.monotonic() + 120
+    rec = Path('runs/killed/trial-001/record.json')
+    while not (rec.is_file() and json.loads(rec.read_text())['status'] == 'running'):   # the second trial trains
+        assert p.poll() is None and time.monotonic() < deadline, p.err.read_text()[-3000:]
+        time.sleep(0.05)
+    p.send_signal(signal.SIGKILL)
+    p.wait()
+    before = _study('killed').trials
+    assert [t.state.name for t in before] == ['COMPLETE', 'RUNNING']
+    out = _ended(_cli(cfg, 'fit.epochs=2', '--study', 'killed'))
+    after = _study('killed').trials
+    assert after[0].value == before[0].value and after[0].state.name == 'COMPLETE'   # kept, not run again
+    assert after[1].state.name == 'FAIL' and after[1].user_attrs['failure'] == 'interrupted'
+    assert [t.state.name for t in after[2:]] == ['COMPLETE', 'COMPLETE'] and len(after) == 4
+    assert json.loads(rec.read_text())['status'] == 'running'   # the killed trial's record: runs() reads it 'killed'
+    assert runs('runs/killed', kernel=False).set_index('name').loc['trial-001', 'status'] == 'killed'
+    assert 'best:' in out
