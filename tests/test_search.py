@@ -237,3 +237,19 @@ def test_a_killed_search_goes_on(tmp_path):
     assert json.loads(rec.read_text())['status'] == 'running'   # the killed trial's record: runs() reads it 'killed'
     assert runs('runs/killed', kernel=False).set_index('name').loc['trial-001', 'status'] == 'killed'
     assert 'best:' in out
+
+
+def test_the_view_shows_the_trials_best_first_and_the_best_curves():
+    s = search(P.make, {**SPACE, 'momentum': 0.5}, n_trials=5, study_name='view', seed=5, pruner=None)
+    from trainer_nb.search import SearchView, overlay_png, trials_html
+    html = trials_html(s)
+    order = s.table(best_first=True).index.tolist()
+    assert order[0] == s.best['trial']
+    pos = [html.index(f'<th>{n}</th>') for n in order]   # the rows in that order
+    assert pos == sorted(pos)
+    png = overlay_png(s, n=3)
+    assert png[:8] == b'\x89PNG\r\n\x1a\n'
+    v = SearchView(s)   # (the widgets, built here without a page to show them)
+    v.update(s, done=True)
+    assert 'max-width:100%' in v.overlay.value and 'of 5 trials' in v.status.value and v.stop_button.disabled
+    assert "overflow-x:auto" in v.table.value   # a narrow page scrolls the table sideways
