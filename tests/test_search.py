@@ -247,6 +247,8 @@ def test_the_view_shows_the_trials_best_first_and_the_best_curves():
     assert order[0] == s.best['trial']
     pos = [html.index(f'<th>{n}</th>') for n in order]   # the rows in that order
     assert pos == sorted(pos)
+    c = s.compare(3)   # the best three's runs
+    assert [r['name'] for r in c.records] == [f'trial-{n:03d}' for n in order[:3]]
     png = overlay_png(s, n=3)
     assert png[:8] == b'\x89PNG\r\n\x1a\n'
     v = SearchView(s)   # (the widgets, built here without a page to show them)
