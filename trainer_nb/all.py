@@ -33,6 +33,7 @@ from .trackers import *
 from .runs import *
 from .inside import *
 from .adapters import *
+from .search import *   # (Optuna is imported by the first search, not here)
 # a new module: add its `from trainer_nb.module import *` line above
 
 # %% ../nbs/09_all.ipynb #43572147

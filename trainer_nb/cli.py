@@ -19,6 +19,7 @@ from .registry import ConfigError, RegistryKeyError, apply_overrides, build_trai
 from .demo import demo_config
 from .progress import fmt_time
 from .runs import compare, labels_of, runs
+from .search import search_config
 
 # %% ../nbs/10_cli.ipynb #10086559
 def _printer(trainer):
@@ -154,7 +155,51 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument('--metric', action='append', metavar='KEY', help='a result to draw (repeat for more; default: all)')
     p.add_argument('--x', default='step', choices=('step', 'epoch', 'samples', 'time'), help='default: %(default)s')
     p.add_argument('--narrow', action='store_true', help='panels one under another, 300 px wide')
+    _search_parser(sub, debug)
     return top
+
+def _search_parser(sub, debug):
+    p = sub.add_parser('search', parents=[debug], help="search hyperparameters: the config's search: section",
+                       description="Run trials of the config's trainer with the parameters its search: section says to "
+                                   "try (Optuna), until the study holds N trials; several processes or machines "
+                                   "given the same --storage and --study share it, and a search started again goes on.")
+    p.add_argument('config', metavar='CONFIG', help='a YAML or JSON config file with a search: section')
+    p.add_argument('overrides', nargs='*', metavar='KEY=VALUE', help=_OVERRIDES)
+    p.add_argument('--trials', type=int, metavar='N', help="the study's trials at the end (default: the section's "
+                   "trials, or 20)")
+    p.add_argument('--storage', metavar='URL', help='a journal file, or an RDB URL (default: '
+                   'runs/STUDY/study.journal)')
+    p.add_argument('--study', metavar='NAME', help='the study (default: search-<config name>)')
+    p.add_argument('--workers', type=int, default=1, metavar='K', help='worker processes on this machine, sharing '
+                   'the study (default: %(default)s)')
+
+# %% ../nbs/10_cli.ipynb #e5531911
+def _search_workers(a) -> int:
+    "`--workers K`: K processes of `trainer-nb search`, one study (its name and storage fixed here for all)."
+    import subprocess
+    cfg = yaml.safe_load(Path(a.config).read_text()) if Path(a.config).is_file() else {}
+    sec = (cfg or {}).get('search') or {}
+    study = a.study or sec.get('study') or f"search-{(cfg or {}).get('name') or Path(a.config).stem}"
+    storage = a.storage or sec.get('storage') or str(Path('runs') / study / 'study.journal')
+    cmd = [sys.executable, '-m', 'trainer_nb', 'search', a.config, *a.overrides, '--study', study,
+           '--storage', storage, *(['--trials', str(a.trials)] if a.trials else [])]
+    procs = [subprocess.Popen(cmd) for _ in range(a.workers)]
+    codes = [p.wait() for p in procs]
+    print(f"trainer-nb search: {a.workers} workers ended (exit status {', '.join(map(str, codes))}); study {study} "
+          f"in {storage}", flush=True)
+    return max(codes)
+
+def _search(a) -> int:
+    if a.workers > 1: return _search_workers(a)
+    s = search_config(a.config, a.overrides, a.trials, a.storage, a.study)
+    import pandas as pd
+    with pd.option_context('display.width', 200, 'display.max_columns', None, 'display.max_colwidth', 40):
+        print(s.table(best_first=True).drop(columns=['error']).to_string())
+    b = s.best
+    print(f"best: {b['params']} {s.metric} {_fmt(b['value'])} (trial {b['trial']}, {b['run']})" if b else
+          "best: none (no trial finished)", flush=True)
+    return 0
+
 
 # %% ../nbs/10_cli.ipynb #a8d71550
 def _train(a) -> int:
@@ -215,7 +260,7 @@ def _compare(a) -> int:
     return 0
 
 _COMMANDS = {'train': _train, 'lr-find': _lr_find, 'describe': _describe, 'demo': _demo, 'runs': _runs,
-             'compare': _compare}
+             'compare': _compare, 'search': _search}
 
 # %% ../nbs/10_cli.ipynb #e10523d2
 def _exit_on_sigterm(signum, frame): raise SystemExit(128 + signum)

@@ -8,8 +8,8 @@ import json, math, numbers, os, socket, time, uuid, warnings
 from pathlib import Path
 
 # %% auto #0
-__all__ = ['RECORD', 'kernel_runs', 'RunRecorder', 'read_run', 'results_of', 'config_differences', 'runs', 'find_run',
-           'changes_text', 'labels_of', 'draw_comparison', 'RunComparison', 'compare']
+__all__ = ['RECORD', 'kernel_runs', 'RunRecorder', 'read_run', 'lower_is_better', 'results_of', 'config_differences', 'runs',
+           'find_run', 'changes_text', 'labels_of', 'draw_comparison', 'RunComparison', 'compare']
 
 # %% ../nbs/17_runs.ipynb #6bf17c3d
 import numpy as np
@@ -26,8 +26,8 @@ _KEEP = 500
 
 def _status(t) -> str:
     """Who ended the fit of `t`, by what it was cancelled with: 'done'; 'stopped' (the user: `stop()`, the Stop button,
-    SIGINT, SIGTERM); a `CancelFit`'s own `status` ('cancelled' by a hook, 'early-stopped' by `EarlyStopping`...);
-    'error'. (A record left at 'running' by a process that is gone reads 'killed': `read_run`.)"""
+    SIGINT, SIGTERM); a `CancelFit`'s own `status` ('cancelled' by a hook, 'early-stopped' by `EarlyStopping`, 'pruned'
+    by a search...); 'error'. (A record left at 'running' by a process that is gone reads 'killed': `read_run`.)"""
     c = t.cancelled
     if c is None: return 'done'
     if isinstance(c, CancelFit): return getattr(c, 'status', 'cancelled')
@@ -117,6 +117,7 @@ class RunRecorder(MainProcessHook):
     def __init__(self, dir=None, max_points: int = 500, every_seconds: float = 30.):
         self.dir, self.max_points, self.every_seconds = dir, max_points, every_seconds   # (sets `_due` too)
         self.record, self.path, self._on = None, None, False
+        self.tags = {}   # what the run belongs to beside its config (a search's study, trial, params): runs() columns
 
     @property
     def every_seconds(self) -> float:
@@ -140,6 +141,7 @@ class RunRecorder(MainProcessHook):
             except (OSError, ValueError): rec = None
         rec = _new_record(t, d) if rec is None else _continue(rec, s.step, s.epoch)
         rec.update(status='running', end=None, message=None, pid=os.getpid(), host=socket.gethostname())
+        if self.tags: rec['tags'] = _plain_dict(self.tags)
         rec['segments'].append([time.time(), None])
         self.record, self._on = rec, True
         clock = t.control.clock   # (the fit's clock: a pause counts in no time recorded)
@@ -266,7 +268,9 @@ def read_run(path, notes: list | None = None) -> dict | None:
     return None
 
 # %% ../nbs/17_runs.ipynb #e4219f56
-def _lower_is_better(key: str) -> bool: return any(w in key for w in ('loss', 'error', 'mse', 'mae', 'rmse', 'perplex'))
+def lower_is_better(key: str) -> bool:
+    "Is a result named `key` better lower (a loss, an error)? By its name."
+    return any(w in key for w in ('loss', 'error', 'mse', 'mae', 'rmse', 'perplex'))
 
 def _flat(d, prefix: str = '') -> dict:
     out = {}
@@ -284,7 +288,7 @@ def results_of(rec: dict) -> dict:
     for key in dict.fromkeys(k for e in rec.get('epochs', []) for k in e if k not in _NOT_RESULTS):
         vals = [e[key] for e in rec['epochs'] if isinstance(e.get(key), (int, float)) and not isinstance(e[key], bool)]
         more = [e[key] for e in rec.get('evals', []) if isinstance(e.get(key), (int, float))]
-        if vals: out[key] = (vals[-1], (min if _lower_is_better(key) else max)(vals + more))
+        if vals: out[key] = (vals[-1], (min if lower_is_better(key) else max)(vals + more))
     return out
 
 def config_differences(recs: list[dict]) -> dict[str, list]:
@@ -349,6 +353,8 @@ def runs(path='runs', kernel: bool = True):
     df = pd.DataFrame(rows, columns=None if rows else ['name', 'start', 'duration', 'status', 'epochs', 'steps'])
     for k, vals in config_differences(recs).items():
         df[k if k not in df else f'config {k}'] = pd.Series(vals, dtype=object)
+    for k in dict.fromkeys(k for r in recs for k in r.get('tags') or {}):   # (a trial's study, number and params)
+        df[k] = pd.Series([(r.get('tags') or {}).get(k) for r in recs], dtype=object)
     if any(r.get('changes') for r in recs): df['changes'] = [changes_text(r) for r in recs]   # (set by hand mid-fit)
     df['path'] = [r.get('dir') or f"kernel:{r.get('id')}" for r in recs]
     df = as_table('Runs', _runs_shown, df, {'notes': notes})
@@ -436,7 +442,7 @@ def _rank(recs: list[dict], key: str | None) -> list[int]:
         if res is None:
             loss = [v for v in recs[i].get('series', {}).get('loss', []) if v is not None]
             return (1, loss[-1] if loss else math.inf)
-        return (0, res[1] if _lower_is_better(key) else -res[1])
+        return (0, res[1] if lower_is_better(key) else -res[1])
     return sorted(range(len(recs)), key=score)
 
 def draw_comparison(recs: list[dict], metric=None, x: str = 'step', max_runs: int = 6, column: bool = False,
