@@ -4,7 +4,7 @@
 
 # %% ../nbs/22_search.ipynb #16becdaa
 from __future__ import annotations
-import contextlib, contextvars, fcntl, inspect, math, os, socket, sys, threading, time, traceback
+import contextlib, contextvars, inspect, math, os, socket, sys, threading, time, traceback
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -167,7 +167,9 @@ def open_storage(storage, default: Path):
 def _claim_lock(storage):
     "Several processes on a journal file: one at a time counts the trials and adds one (so that N are N)."
     path = getattr(getattr(storage, '_backend', None), '_file_path', None)
-    if path is None:
+    try: import fcntl   # (POSIX: elsewhere no lock, and workers sharing a journal file may add a trial too many)
+    except ImportError: fcntl = None
+    if path is None or fcntl is None:
         yield
         return
     with open(f"{path}.claim", 'a') as f:
