@@ -5,6 +5,7 @@ import signal
 import subprocess
 import sys
 import threading
+import time
 
 import pytest
 import torch
@@ -242,7 +243,11 @@ def test_lr_find_in_the_background_then_a_fit_waits_for_it(capsys):
         assert t.running and t.background.what == 'lr_find'
         fitting = threading.Thread(target=t.fit_one_cycle, args=(1, 1e-2))   # (a door that changes the trainer first)
         fitting.start()
-        while 'Waiting for the LR finder' not in capsys.readouterr().out: threading.Event().wait(0.01)
+        said, deadline = '', time.monotonic() + 120   # (the fit's thread says it waits, then waits for the finder)
+        while 'Waiting for the LR finder' not in said and time.monotonic() < deadline:
+            said += capsys.readouterr().out
+            threading.Event().wait(0.01)
+        assert 'Waiting for the LR finder running in the background to end first' in said, said
     fitting.join()       # the finder ended (the trainer put back as it was), then the fit ran
     res = t.wait()       # the finder's result
     assert res.lrs == ref_res.lrs and res.losses == ref_res.losses

@@ -170,9 +170,9 @@ def worker_threads() -> int:
 class BackgroundFit:
     """A call of the trainer's (`fit`, `fit_one_cycle`, `resume`...) running in a worker thread of this process: its
     outcome (`wait`), and in a notebook its live view (`view`), made in the calling cell before the thread starts."""
-    def __init__(self, t, call, what: str, waited_for: bool = False):
+    def __init__(self, t, call, what: str, waited_for: str | None = None):
         self.trainer, self.what, self.result, self.error = t, what, None, None
-        self.waited_for = waited_for   # a fit started meanwhile waits for this call to end (else it is refused)
+        self.waited_for = waited_for   # a fit started meanwhile waits for it to end (else it is refused): its name
         self.done, self.threads = threading.Event(), worker_threads()
         self.view = FitView(t) if detect_mode() == 'widget' else None
         ctx = contextvars.copy_context()   # (the calling cell's: what the thread prints is routed as from that cell)

@@ -316,12 +316,12 @@ class Controls:
 
     def _check_free(self, what: str, held_ok: bool = False):
         """Refuse to `what` from another thread while a call started with `background=True` runs (`held_ok`: unless
-        the fit is held in a pause); a fit waits for a background call that is `waited_for` (`lr_find`) to end first."""
+        the fit is held in a pause); a fit waits for a background call that says so (`waited_for`: `lr_find`) to end."""
         bg = self.background
         if bg is None or bg.done.is_set() or threading.current_thread() is bg.thread: return
         if held_ok and self.held is not None: return
         if bg.waited_for and what.startswith('start'):
-            print(f"Waiting for the {bg.what} running in the background to end first", flush=True)
+            print(f"Waiting for {bg.waited_for} running in the background to end first", flush=True)
             bg.done.wait()
             return
         raise RuntimeError(f"Can't {what}: {bg.what} is running in the background on this trainer. trainer.wait() "

@@ -52,7 +52,7 @@ def _start_background(t, what: str, call):
     def run():
         try: return call()
         finally: t.control.kept = False   # (the call may end before any fit began)
-    t.background = BackgroundFit(t, run, what, waited_for=what == 'lr_find')   # (a fit waits for a sweep to end)
+    t.background = BackgroundFit(t, run, what, waited_for='the LR finder' if what == 'lr_find' else None)
 
 def _background_door(f):
     "The door `f` of `Trainer`, whose `background=True` (a keyword argument of it) runs the call in the background."
