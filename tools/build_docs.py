@@ -150,11 +150,12 @@ def show_doc_anchors(nb: dict) -> set:
     for c in nb['cells']:
         m = _show_doc_call(c)
         outs = [o for o in c.get('outputs', []) if 'text/markdown' in o.get('data', {})]
-        if m and outs: entries.append((m[1].lower(), c, outs[0]))
+        if m and outs: entries.append((m[1], c, outs[0]))
     anchors, last = set(), {}
-    for name, c, o in entries: last[name] = o
+    for name, c, o in entries: last[name] = o   # (by the name as written: `Search` and `search` are two entries)
     for name, c, o in entries:
         if last[name] is not o: c['outputs'].remove(o); continue
+        name = name.lower()
         md = re.sub(r'^\s*---\s*\n', '', _text(o['data']['text/markdown']))   # (nbdev's leading rule)
         # (a plain name is already the id of the entry's heading: a second element with that id would be invalid)
         o['data']['text/markdown'] = md if re.fullmatch(r'[a-z0-9]+', name) else f'<a id="{name}"></a>\n\n' + md
