@@ -44,7 +44,9 @@ class Fail(Hook):
 
 def train(bs, epochs=2, sleep=0.0, fail_rank=None, n=192, often=False):
     rank = int(os.environ.get('RANK', 0))
-    with open(os.path.join(PIDS, f'pid{{rank}}_{{os.getpid()}}'), 'w') as f: f.write(str(os.getpid()))
+    tmp = os.path.join(PIDS, f'.tmp{{os.getpid()}}')   # written whole, then named: the test never reads it half-written
+    with open(tmp, 'w') as f: f.write(str(os.getpid()))
+    os.replace(tmp, os.path.join(PIDS, f'pid{{rank}}_{{os.getpid()}}'))
     g = torch.Generator().manual_seed(0)
     x = torch.randn(n + 64, 4, generator=g)
     y = x @ torch.tensor([[1.], [-2.], [3.], [.5]]) + 0.1
@@ -159,19 +161,21 @@ def test_interrupt_ends_the_workers_and_the_kernel_launches_again(tmp_path, monk
         # ended by the stop, not at the fit's end (100 epochs of 24 batches): the cell did not wait for the training
         reached = iterations_reached(pid_dir)
         assert len(reached) == 2 and max(reached) < 100 * 24, (reached, f"returned {took:.1f} s after the interrupt")
-        seen = []   # and no thread that launch started is left in the kernel (it may end just after the cell: 30 s)
-        kc.execute_interactive("import threading\n"
-                               "[t.join(30) for t in threading.enumerate() if t.name == 'trainer-nb-launch']\n"
-                               "print('THREADS', sorted(t.name for t in threading.enumerate()))",
-                               timeout=60, output_hook=seen.append)
-        text = ''.join(m['content'].get('text', '') for m in seen if m['msg_type'] == 'stream')
-        assert 'THREADS' in text and 'trainer-nb-launch' not in text, text
-        for p in pid_dir.glob('pid*'): p.unlink()
-        seen = []
-        reply = kc.execute_interactive("r = launch(train, 8, num_processes=2)\nprint('again', r['n'], r['rank'])",
-                                       timeout=120, output_hook=seen.append)
+        # and no thread that launch started is left in the kernel (it may end just after the cell: 30 s); the names
+        # come back in the reply (user_expressions), which does not depend on the stream's messages
+        reply = kc.execute_interactive("import threading\n"
+                                       "[t.join(30) for t in threading.enumerate() if t.name == 'trainer-nb-launch']",
+                                       user_expressions={'threads': "sorted(t.name for t in threading.enumerate())"},
+                                       timeout=60, output_hook=lambda m: None)
         assert reply['content']['status'] == 'ok', reply
-        assert any('again 2 0' in m['content'].get('text', '') for m in seen if m['msg_type'] == 'stream')
+        names = reply['content']['user_expressions']['threads']
+        assert names['status'] == 'ok' and 'trainer-nb-launch' not in names['data']['text/plain'], names
+        for p in pid_dir.glob('pid*'): p.unlink()
+        reply = kc.execute_interactive("r = launch(train, 8, num_processes=2)",
+                                       user_expressions={'again': "(r['n'], r['rank'])"},
+                                       timeout=120, output_hook=lambda m: None)
+        assert reply['content']['status'] == 'ok', reply
+        assert reply['content']['user_expressions']['again']['data']['text/plain'] == '(2, 0)', reply['content']
         assert not any(alive(p) for p in worker_pids(pid_dir))
         seen = []
         kc.execute_interactive("print('THREADS', sorted(t.name for t in threading.enumerate()))", timeout=60,
