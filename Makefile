@@ -14,15 +14,15 @@ demo: $(VENV)/.installed
 
 test: test-nbs test-py
 
-# 12_launch forks worker processes from its kernel, which must not have touched CUDA: on a GPU machine the notebooks
-# run before it in the same worker would have, so it runs in a process of its own
+# every notebook of nbs/ runs, each in a fresh Jupyter kernel as a reader runs it (two at a time; the cells flagged
+# `notest` or `slow` are skipped, as nbdev_test skips them); a notebook that fails fails the tests. The runs are kept
+# in _exec/, where the docs build of test-py takes them instead of running every notebook a second time
 test-nbs: $(VENV)/.installed
-	cd nbs && ../$(BIN)/nbdev_test --n_workers 2 --timing --skip_file_re '^([_.]|12_launch)'
-	cd nbs && ../$(BIN)/nbdev_test --n_workers 1 --timing --path 12_launch.ipynb
+	$(BIN)/python tools/build_docs.py --run-only
 
 # pytest-xdist: WORKERS processes share out the test files (a file's tests in one process: its module fixtures made
-# once); then the tests marked `serial` run alone: the docs build and pages, which share one build written into the
-# checkout, and a test that loads the machine itself (see tests/conftest.py)
+# once, the docs build among them); then the tests marked `serial` run alone: a test that loads the machine itself
+# (see tests/conftest.py)
 WORKERS ?= 2
 PYTEST_FLAGS ?= -q -p no:cacheprovider --durations=20
 

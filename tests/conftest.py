@@ -4,10 +4,9 @@ With `TRAINER_NB_FAILURES=path` in the environment, each failed test's report is
 that a run stopped at a time limit (where pytest's summary never prints) still tells why each test failed.
 
 Under pytest-xdist (`make test-py` runs `-n 2 --dist loadfile -m 'not serial'`, then `-m serial` alone): each file's
-tests go to one worker, so that a module-scoped fixture (a distributed run's results) is made once; the docs tests
-(two files sharing the session's docs build, which writes into the checkout) are marked `serial`, like a test that
-loads the machine itself and counts frames per second: left to the second, one-process run. The longest files start
-first."""
+tests go to one worker, so that a module-scoped fixture (a distributed run's results) is made once, and the docs
+tests (one file) share one docs build, which writes into the checkout. A test that loads the machine itself and counts
+frames per second is marked `serial`: left to the second, one-process run. The longest files start first."""
 import os
 import socket
 import sys
@@ -35,10 +34,10 @@ def pytest_configure(config):
     _WORKER = hasattr(config, 'workerinput')   # (under pytest-xdist the controller writes what its workers report)
 
 
-# files whose tests take longest (the largest files, distributed and kill runs, the GPU benchmark): started first, so that
-# the parallel run does not end with one worker busy on them while the other waits
-FIRST = ('test_lr_find.py', 'test_checkpoint.py', 'test_recorder.py', 'test_cli_distributed.py', 'test_distributed.py',
-         'test_checkpoint_dist.py', 'test_bench_gpu.py')
+# files whose tests take longest (the docs build and pages, the largest files, distributed and kill runs, the GPU
+# benchmark): started first, so that the parallel run does not end with one worker busy on them while the other waits
+FIRST = ('test_docs.py', 'test_lr_find.py', 'test_checkpoint.py', 'test_recorder.py', 'test_cli_distributed.py',
+         'test_distributed.py', 'test_checkpoint_dist.py', 'test_bench_gpu.py')
 
 
 def pytest_collection_modifyitems(config, items):

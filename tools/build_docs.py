@@ -10,7 +10,10 @@
    meaning its docments comment or numpy-style "Parameters" section gives).
 4. Render: Sphinx with myst-nb and the furo theme, with navigation and search, into _docs/.
 
-Usage: python tools/build_docs.py [--strict] [--no-cache]   (--strict: Sphinx warnings are errors)
+Usage: python tools/build_docs.py [--strict] [--no-cache] [--run-only]
+  --strict: Sphinx warnings are errors.
+  --run-only: step 1 alone, every notebook run again (`make test-nbs`: a notebook that fails to run fails the
+  tests); the runs stay in _exec/, where the next build finds them up to date instead of running them again.
 """
 import hashlib, importlib, inspect, json, os, re, shutil, subprocess, sys, tempfile, time
 from concurrent.futures import ProcessPoolExecutor
@@ -331,9 +334,14 @@ def main():
     from nbdev.config import get_config
     os.chdir(ROOT)
     t0 = time.perf_counter()
-    times = execute(ROOT / 'nbs', EXEC, cache='--no-cache' not in sys.argv)
+    run_only = '--run-only' in sys.argv
+    times = execute(ROOT / 'nbs', EXEC, cache=not run_only and '--no-cache' not in sys.argv)
     for name, s in sorted(times.items(), key=lambda kv: -kv[1]): print(f"  ran {name}: {s:.0f} s")
     t1 = time.perf_counter()
+    if run_only:
+        print(f"{len(times)} notebooks ran without an error, each in a kernel of its own ({t1 - t0:.0f} s); "
+              f"their runs are in {EXEC.relative_to(ROOT)}/")
+        return
     shutil.rmtree(ROOT / '_proc', ignore_errors=True)
     proc = Path(proc_nbs(path=str(EXEC), force=True, n_workers=1))
     cfg = get_config()
