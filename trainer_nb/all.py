@@ -18,6 +18,7 @@ from .core import *
 from .recorder import *
 from .schedule import *
 from .progress import *
+from .liveplot_js import *
 from .liveplot import *
 from .lr_suggest import *
 from .lr_widget import *
