@@ -222,7 +222,7 @@ def test_hostile_pickle_does_not_run(tmp_path, victim):
     checkpoint that Accelerate reads with torch.load is among the victims (the scheduler's: one prepared by the user's
     Accelerator; the scaler's: fp16 on CUDA)."""
     from accelerate import Accelerator
-    from trainer_nb.checkpoint import Checkpoint, list_checkpoints, _seal
+    from trainer_nb.checkpoint import Checkpoint, list_checkpoints, seal
     marker = tmp_path / 'pwned'
     class Evil:
         def __reduce__(self): return (os.system, (f'touch {marker}',))
@@ -236,7 +236,7 @@ def test_hostile_pickle_does_not_run(tmp_path, victim):
     pickles = {p.name for p in last.iterdir() if p.suffix not in ('.json', '.safetensors')}
     assert victim in pickles and pickles <= {'optimizer.bin', 'random_states_0.pkl', 'scheduler.bin', 'scaler.pt'}
     torch.save({'state': Evil()}, last / victim)
-    os.remove(last / 'manifest.json'); _seal(last, True)   # an attacker can rewrite the manifest too
+    os.remove(last / 'manifest.json'); seal(last, True)   # an attacker can rewrite the manifest too
     t2 = trainer()
     # refused before anything is loaded, naming the file, with no advice to load it with weights_only=False
     with pytest.raises(ValueError, match=f'{victim} is not a plain tensor file: refusing to load it') as e:

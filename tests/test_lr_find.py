@@ -14,7 +14,7 @@ from torch.utils.data import DataLoader, TensorDataset
 from trainer_nb.base import Hook, LossLog
 from trainer_nb.core import Trainer
 from trainer_nb.lr_find import (CHECK_BELOW, CHECK_GRID, CHECK_STEPS, LRFindResult, LRFindWarning, MIN_POINTS,
-                                _bottom, _level, _lr_text, read_sweep, suggest, suggest_sweep, suggest_valley,
+                                _bottom, _level, lr_text, read_sweep, suggest, suggest_sweep, suggest_valley,
                                 suggest_steep, suggest_minimum, suggest_slide)
 
 pytestmark = pytest.mark.usefixtures('fresh_accelerate')
@@ -957,7 +957,7 @@ def test_a_flat_bottom_is_said_with_its_range():
     best = min(res.check.values())
     inside = [v for lr, v in res.check.items() if lo <= lr <= hi]
     assert max(inside) <= 1.1 * best and min(res.check) < lo                          # (and it is bounded below)
-    assert f"within 10% of the best from {_lr_text(lo)} to {_lr_text(hi)}: a flat bottom" in res.verdict
+    assert f"within 10% of the best from {lr_text(lo)} to {lr_text(hi)}: a flat bottom" in res.verdict
     assert res.verdict in res.summary() and res.flat == res.level
     narrow = huber_trainer().lr_find(show=False, check=CHECK_STEPS)                   # (its bottom: under a decade)
     nlo, nhi = narrow.level

@@ -54,10 +54,10 @@ def damage(path, how):
 
 def resume_error(last, reseal: bool) -> str:
     "The error a fresh trainer's `fit(resume=...)` raises; `reseal`: the manifest forged to match the damage."
-    from trainer_nb.checkpoint import Checkpoint, _seal
+    from trainer_nb.checkpoint import Checkpoint, seal
     if reseal:
         (last / 'manifest.json').unlink()
-        _seal(last, True)
+        seal(last, True)
     t = make([Checkpoint(last.parent, every_steps=9)])
     before = flat(t.model)
     with pytest.raises((ValueError, FileNotFoundError)) as e: t.fit(2, resume='last')
@@ -88,12 +88,12 @@ def test_a_file_left_out_of_a_forged_manifest_is_missed(saved, name):
 
 
 def test_a_hook_state_that_does_not_load_names_the_file(saved):
-    from trainer_nb.checkpoint import Checkpoint, _seal
+    from trainer_nb.checkpoint import Checkpoint, seal
     st = json.loads((saved / 'trainer_state.json').read_text())
     st['hooks']['Checkpoint'] = {'best': 1}   # not what Checkpoint.load_state_dict reads
     (saved / 'trainer_state.json').write_text(json.dumps(st))
     (saved / 'manifest.json').unlink()
-    _seal(saved, True)
+    seal(saved, True)
     t = make([Checkpoint(saved.parent, every_steps=9)])
     with pytest.raises(ValueError, match=r'trainer_state.json does not load into this trainer \(KeyError'):
         t.fit(2, resume='last')

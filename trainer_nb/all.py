@@ -18,8 +18,12 @@ from .core import *
 from .recorder import *
 from .schedule import *
 from .progress import *
+from .liveplot_js import *
 from .liveplot import *
+from .lr_suggest import *
+from .lr_widget import *
 from .lr_find import *
+from .rundir import *
 from .checkpoint import *
 from .monitor import *
 from .background import *

@@ -9,10 +9,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 
 # %% auto #0
-__all__ = ['MIN_POINTS', 'SUGGESTIONS', 'START_CUT', 'NOISE_Z', 'MIN_READ', 'CHECK_STEPS', 'CHECK_RUNS', 'CHECK_GRID',
-           'CHECK_MORE', 'CHECK_BELOW', 'CHECK_LEVEL', 'PLOT_SIZE', 'SLIDER_STEP', 'suggest_minimum', 'suggest_steep',
-           'suggest_valley', 'suggest_slide', 'suggest', 'SweepReading', 'read_sweep', 'suggest_sweep', 'LRFindWarning',
-           'LRFindResult', 'LRFindWidget']
+__all__ = ['CHECK_STEPS', 'CHECK_RUNS', 'CHECK_GRID', 'CHECK_MORE', 'CHECK_BELOW', 'CHECK_LEVEL', 'PLOT_SIZE', 'LRFindWarning',
+           'LRFindResult']
 
 # %% ../nbs/05_lr_find.ipynb #82eecdd7
 import numpy as np
@@ -20,187 +18,13 @@ from .base import CancelBatch, CancelFit, Hook, LossLog, Smoother, TrainerWarnin
 from .control import match_twins
 from .recorder import new_figure
 from .progress import view_box
-
-# %% ../nbs/05_lr_find.ipynb #ee9e32a9
-MIN_POINTS = 5   # a curve with fewer usable points gives no suggestion
-
-def _usable(lrs, losses) -> tuple[np.ndarray, np.ndarray]:
-    "`(log10 lrs, losses)` up to the first non-finite loss; a `ValueError` when fewer than `MIN_POINTS` remain."
-    lrs, y = np.asarray(lrs, dtype=float), np.asarray(losses, dtype=float)
-    if lrs.shape != y.shape or lrs.ndim != 1:
-        raise ValueError(f"lrs and losses must be 1-d and of the same length, got {lrs.shape} and {y.shape}")
-    bad = ~np.isfinite(y) | ~(lrs > 0)
-    n = int(bad.argmax()) if bad.any() else len(y)
-    if n < MIN_POINTS:
-        rest = f" (of {len(y)}: the loss is NaN or infinite from point {n + 1} on)" if n < len(y) else ""
-        raise ValueError(f"Only {n} usable points in the LR sweep{rest}: at least {MIN_POINTS} are needed for a "
-                         "suggestion.")
-    return np.log10(lrs[:n]), y[:n]
-
-def _descent(y):
-    "`(t, m, D)`: the highest point before the minimum, the minimum, and the drop between them."
-    m = int(np.argmin(y))
-    t = int(np.argmax(y[:m + 1]))
-    return t, m, float(y[t] - y[m])
-
-def _no_drop(D, y) -> bool: return D <= 1e-8 * max(1.0, float(np.abs(y).max()))
-
-def suggest_minimum(lrs, losses) -> float:
-    "The LR at the lowest smoothed loss, divided by 10."
-    x, y = _usable(lrs, losses)
-    return float(10 ** x[int(np.argmin(y))] / 10)
-
-def suggest_steep(lrs, losses) -> float:
-    "The LR of the steepest descent of the loss against log LR, up to the minimum."
-    x, y = _usable(lrs, losses)
-    m = max(int(np.argmin(y)), 1)
-    slope = np.gradient(y, x)[:m]   # central differences; the minimum itself is not a candidate
-    return float(10 ** x[int(np.argmin(slope))])
-
-def suggest_valley(lrs, losses, lo: float = 0.8, hi: float = 0.95) -> float:
-    "The end of the main descent: the middle (in log LR) of its part between 80% and 95% of the drop to the minimum."
-    x, y = _usable(lrs, losses)
-    t, m, D = _descent(y)
-    if m - t < 2 or _no_drop(D, y): return suggest_minimum(lrs, losses)
-    env = np.minimum.accumulate(y[t:m + 1])
-    a = t + int(np.argmax(env <= y[t] - lo * D))
-    b = t + int(np.argmax(env <= y[t] - hi * D))
-    return float(10 ** ((x[a] + x[b]) / 2))
-
-def suggest_slide(lrs, losses, tol: float = 0.1, margin: float = 1.0) -> float:
-    "The largest LR before the loss rises `tol` x the drop above its running minimum, divided by `10**margin`."
-    x, y = _usable(lrs, losses)
-    t, m, D = _descent(y)
-    tol_abs = tol * D if not _no_drop(D, y) else 0.01 * max(abs(float(y[m])), 1e-12)
-    run_min = np.minimum.accumulate(y[t:])
-    up = np.nonzero(y[t:] > run_min + tol_abs)[0]
-    k = t + int(up[0]) - 1 if len(up) else len(y) - 1
-    return float(10 ** (x[k] - margin))
-
-SUGGESTIONS = {'valley': suggest_valley, 'steep': suggest_steep, 'minimum': suggest_minimum, 'slide': suggest_slide}
-
-def suggest(lrs, losses, methods=tuple(SUGGESTIONS)) -> dict[str, float]:
-    "`{name: lr}` for each suggestion method (names from `SUGGESTIONS`, or `name -> func(lrs, losses)` pairs)."
-    items = methods.items() if isinstance(methods, dict) else [(m, SUGGESTIONS[m]) for m in methods]
-    return {name: f(lrs, losses) for name, f in items}
-
-# %% ../nbs/05_lr_find.ipynb #ebb9ff45
-START_CUT = 0.05   # the first 5% of a sweep's points (at least 2) are start-up: left out of the reading
-NOISE_Z = 5.0      # a descent counts when its drop exceeds this many times the noise of the smoothed curve
-MIN_READ = 15      # fewer points than this between 10x the start LR and the divergence: no reliable suggestion
-
-def _noise(y) -> float:
-    "The per-point noise of `y` (a standard deviation): the median absolute deviation of its second differences."
-    if len(y) < 5: return 0.0
-    r = y[1:-1] - (y[:-2] + y[2:]) / 2   # a smooth trend cancels out; white noise of sd s leaves sd s * sqrt(1.5)
-    return float(1.4826 * np.median(np.abs(r - np.median(r))) / math.sqrt(1.5))
-
-def _smooth(y, w: int) -> np.ndarray:
-    "A centred running median of `w` points, then a centred running mean of `w` points (shorter at the ends)."
-    n, h = len(y), w // 2
-    med = np.array([np.median(y[max(0, i - h):i + h + 1]) for i in range(n)])
-    lo, hi = np.maximum(np.arange(n) - h, 0), np.minimum(np.arange(n) + h + 1, n)
-    c = np.concatenate([[0.0], np.cumsum(med)])
-    return (c[hi] - c[lo]) / (hi - lo)
-
-@dataclass
-class SweepReading:
-    "What `read_sweep` reads off a sweep: the curve the rules use, its main descent, and whether to trust it."
-    lrs: np.ndarray           # the LRs read: after the start-up points, before the divergence
-    losses: np.ndarray        # the smoothed loss at those LRs
-    first: int                # index in `lrs` of the first LR >= 10x the sweep's start: suggestions start there
-    window: int               # the smoothing window, in points
-    noise: float              # noise of the smoothed curve (standard deviation)
-    top: int                  # the main descent: its highest point (index in `lrs`) ...
-    bottom: int               # ... and its lowest point, the minimum of the smoothed curve from `first` on
-    z: float                  # the drop in units of the smoothed curve's noise (of log(loss) when every loss is > 0)
-    diverged: float | None    # the first LR at which the loss was clearly back above its start level (None: never)
-    reliable: bool
-    reason: str = ''          # why the reading is not reliable ('' when it is)
-
-    @property
-    def drop(self) -> float: return float(self.losses[self.top] - self.losses[self.bottom])
-
-    @property
-    def bounds(self) -> tuple[float, float]:
-        "`(lo, hi)`: every suggestion is clamped into it (10x the sweep's start; the last LR before the divergence)."
-        return float(self.lrs[self.first]) if self.first < len(self.lrs) else float(self.lrs[-1]), float(self.lrs[-1])
-
-# %% ../nbs/05_lr_find.ipynb #e423ea3d
-def read_sweep(lrs, raw_losses) -> SweepReading:
-    "Read the raw per-step losses of a sweep robustly: cut the start-up and the divergence, smooth by the noise."
-    x, y = _usable(lrs, raw_losses)
-    n, x0 = len(y), float(x[0])
-    ppd = (n - 1) / (x[-1] - x[0]) if x[-1] > x[0] else 1.0        # points per decade of LR
-    k = max(2, round(START_CUT * n)) if n >= 20 else 0
-    x, y = x[k:], y[k:]
-    # divergence: after its low point, the (5-point median) loss rises clearly above where it started and stays there
-    # (the LR only grows: a rise the loss comes back down from is a run of hard batches, not training blowing up)
-    m5, sd = _smooth(y, 5), _noise(y)
-    start = float(np.median(y[:max(3, len(y) // 10)]))
-    j = int(np.argmin(m5))
-    up = np.nonzero(np.minimum.accumulate(m5[j:][::-1])[::-1] > start + 2 * sd)[0]
-    d = max(j + int(up[0]), MIN_POINTS) if len(up) else len(y)
-    diverged = float(10 ** x[d]) if d < len(y) else None
-    x, y = x[:d], y[:d]
-    # the window: long enough that the smoothed curve's noise is ~5% of the loss's range, within 0.4 to 1 decade
-    sd = _noise(y)
-    span = float(m5[:d].max() - m5[:d].min())
-    lo_w, hi_w = max(3, round(0.4 * ppd)), max(3, min(round(ppd), len(y) // 3))
-    w = math.ceil((sd / (0.05 * span)) ** 2) if span > 0 else lo_w
-    w = min(max(w, lo_w), hi_w)
-    w += 1 - w % 2
-    s = _smooth(y, w)
-    noise = 1.25 * sd / math.sqrt(w)   # the running median then mean of w points: about this noise
-    first = int(np.searchsorted(x, x0 + 1 - 1e-9))
-    f = first if len(y) - first >= MIN_POINTS else 0
-    bottom = f + int(np.argmin(s[f:]))
-    top = f + int(np.argmax(s[f:bottom + 1]))
-    drop = float(s[top] - s[bottom])
-    tiny = 1e-8 * max(1.0, float(np.abs(s).max()))
-    z = drop / noise if noise > 0 else (math.inf if drop > tiny else 0.0)
-    if (y > 0).all():   # a batch's noise grows with the loss: judge the drop on log(loss), where the noise is even
-        ly = np.log(y)
-        ls, lnoise = _smooth(ly, w), 1.25 * _noise(ly) / math.sqrt(w)
-        z = float(ls[top] - ls[bottom]) / lnoise if lnoise > 0 else z
-    reason = ''
-    if len(y) - first < MIN_READ:
-        end = "the divergence" if diverged else "the end of the sweep"
-        reason = (f"too few points: {max(len(y) - first, 0)} between 10x the start LR and {end} (at least {MIN_READ} "
-                  "are needed); raise num_it (the dataloader is cycled through as often as the sweep needs), or lower "
-                  "start_lr")
-    elif drop <= tiny or z <= NOISE_Z:
-        reason = (f"no sustained descent: the smoothed loss falls by {drop:.3g} at most, {z:.1f}x its noise "
-                  f"({NOISE_Z:g}x needed to tell a descent from the scatter between batches); for a clearer curve "
-                  "raise num_it or the batch size")
-    elif bottom == len(y) - 1 and diverged is None:
-        reason = "the loss was still falling at the end of the sweep; raise end_lr"
-    return SweepReading(10 ** x, s, first, w, noise, top, bottom, z, diverged, not reason, reason)
-
-# %% ../nbs/05_lr_find.ipynb #73253b88
-def _clamp(lr: float, bounds) -> float:
-    lo, hi = bounds
-    return float(min(max(lr, lo), hi))   # the upper bound wins when the loss already diverged within the first decade
-
-def _read_slide(r: SweepReading) -> float:
-    "From the top of the main descent, the last LR before the loss rises by more than its noise, divided by 10."
-    f = r.first if len(r.lrs) - r.first >= MIN_POINTS else 0
-    s = r.losses[r.top:]
-    tol = max(NOISE_Z * r.noise, 0.1 * r.drop, 1e-8 * max(1.0, float(np.abs(s).max())))
-    up = np.nonzero(s > np.minimum.accumulate(s) + tol)[0]
-    k = r.top + (int(up[0]) - 1 if len(up) else len(s) - 1)
-    return _clamp(r.lrs[max(k, f)] / 10, r.bounds)
-
-def suggest_sweep(reading: SweepReading, methods=tuple(SUGGESTIONS)) -> tuple[dict[str, float], float]:
-    "`(suggestions, fallback)`: the rules of `methods` on a `SweepReading`'s curve, each clamped into its `bounds`."
-    r = reading
-    f = r.first if len(r.lrs) - r.first >= MIN_POINTS else 0
-    lrs, s = r.lrs[f:], r.losses[f:]
-    rules = {'valley': lambda: suggest_valley(lrs, s), 'steep': lambda: suggest_steep(lrs, s),
-             'minimum': lambda: suggest_minimum(lrs, s), 'slide': lambda: _read_slide(r)}
-    unknown = [m for m in methods if m not in rules]
-    if unknown: raise ValueError(f"Unknown suggestion methods {unknown}: use {list(rules)}")
-    return {m: _clamp(rules[m](), r.bounds) for m in methods}, _read_slide(r)
+from .lr_suggest import MIN_POINTS, SUGGESTIONS, SweepReading, curve_noise, read_sweep, suggest, suggest_sweep
+from .lr_suggest import lr_text, round_lr
+from .lr_widget import LRFindWidget
+# what moved to the finder's rooms, importable from here as before
+from .lr_suggest import NOISE_Z, MIN_READ, START_CUT  # noqa: F401
+from .lr_suggest import suggest_minimum, suggest_slide, suggest_steep, suggest_valley  # noqa: F401
+from .lr_widget import SLIDER_STEP  # noqa: F401
 
 # %% ../nbs/05_lr_find.ipynb #407d5c78
 class _Sweep(Hook):
@@ -241,12 +65,12 @@ class _Sweep(Hook):
         self.epoch_points += 1
         if self.bar is not None: self.bar.update(1)
         lr = self.lrs[-1]
-        if not math.isfinite(loss): self._stop(f'the loss became NaN or infinite at LR {_lr_text(lr)}')
+        if not math.isfinite(loss): self._stop(f'the loss became NaN or infinite at LR {lr_text(lr)}')
         smooth = float(self.smoother.update([loss])[-1])
         self.smooth.append(smooth)
         if len(self.lrs) > 1: self.best = min(self.best, smooth)   # not one batch's loss alone (see above)
         if self.best > 0 and smooth > self.div * self.best:   # a ratio to a best <= 0 means nothing (see above)
-            self._stop(f'the smoothed loss exceeded {self.div:g}x its best at LR {_lr_text(lr)} '
+            self._stop(f'the smoothed loss exceeded {self.div:g}x its best at LR {lr_text(lr)} '
                        f'({smooth:.3g} > {self.div:g} x {self.best:.3g})')
         if len(self.lrs) == len(self.sched): self._stop('done')
 
@@ -311,7 +135,7 @@ def _fell(base, tail) -> bool:
         d = base - tail
         return bool(d.mean() > 0 and d.mean() > 3 * d.std(ddof=1) / math.sqrt(m))
     if len(base) == 0: return False
-    sd = max(_noise(base) if len(base) >= 5 else 0.0, float(np.std(tail)))
+    sd = max(curve_noise(base) if len(base) >= 5 else 0.0, float(np.std(tail)))
     return float(tail.mean()) < float(np.median(base)) - 3 * sd * math.sqrt(1 / m + 1 / len(base))
 
 def _bottom(xs, ys) -> float:
@@ -391,20 +215,6 @@ def _check(trainer, res, ratios, steps: int, n_runs: int = CHECK_RUNS, bar=None)
 # %% ../nbs/05_lr_find.ipynb #fec702d5
 _MARKERS = {'valley': ('o', 'tab:red'), 'steep': ('v', 'tab:green'), 'minimum': ('s', 'tab:purple'),
             'slide': ('D', 'tab:orange'), 'fallback': ('X', 'k')}
-
-def _lr_text(lr: float) -> str:
-    "An LR as every part of the finder shows it (plot, buttons, slider, summary): 3 significant digits, `2.15e-3`."
-    m, e = f"{lr:.2e}".split('e')
-    return f"{m}e{int(e):+d}"   # the exponent as the slider's readout writes it (d3-format's `.2e`): no zero padding
-
-def _round_lr(lr: float, bounds=None) -> float:
-    "`lr` to the 3 significant digits it is shown with; kept inside `bounds` (a suggestion's) by the last digit."
-    v = float(_lr_text(lr))
-    if bounds is not None and v > 0:
-        unit = 10.0 ** (math.floor(math.log10(v)) - 2)
-        if v > bounds[1]: v = float(_lr_text(v - unit))
-        elif v < bounds[0]: v = float(_lr_text(v + unit))
-    return v
 
 def _descent_span(r) -> tuple[int, int]:
     """Indices in `r.lrs` of the main descent as the plot's band and the verdict show it: from the last point still
@@ -520,12 +330,12 @@ class LRFindResult:
 
     def summary(self) -> str:
         "The suggestions as a few lines of text, with the verdict on the curve."
-        lines = [f"LR finder: {len(self.lrs)} steps from {_lr_text(self.lrs[0])} to {_lr_text(self.lrs[-1])}"
+        lines = [f"LR finder: {len(self.lrs)} steps from {lr_text(self.lrs[0])} to {lr_text(self.lrs[-1])}"
                  + (f" (stopped: {self.stop_reason})" if self.stop_reason not in ('', 'done') else '')]
-        lines += [f"  {k:<8} {_lr_text(v)}" + '  (default)' * (k == self.default) for k, v in self.choices.items()]
+        lines += [f"  {k:<8} {lr_text(v)}" + '  (default)' * (k == self.default) for k, v in self.choices.items()]
         if self.verdict: lines.append(self.verdict)
         if self.suggestions:
-            lines.append(f"Use one: trainer.fit(epochs, lr={_lr_text(self._lr(None))}), or result.apply() to set "
+            lines.append(f"Use one: trainer.fit(epochs, lr={lr_text(self._lr(None))}), or result.apply() to set "
                          "trainer.lr")
         return '\n'.join(lines)
 
@@ -547,19 +357,19 @@ class LRFindResult:
             a, b = _descent_span(r)
             ax.axvspan(r.lrs[a], r.lrs[b], color='tab:green', alpha=0.12, lw=0, label='the descent')
         if r is not None and r.diverged:
-            ax.axvline(r.diverged, color='tab:red', ls=':', lw=1.4, label=f"diverged {_lr_text(r.diverged)}")
+            ax.axvline(r.diverged, color='tab:red', ls=':', lw=1.4, label=f"diverged {lr_text(r.diverged)}")
         for name, v in self.choices.items():   # the default the largest
             mk, c = _MARKERS.get(name, ('*', 'k'))
             big = name == self.default
             ax.plot([v], [np.interp(np.log10(v), np.log10(cx), cy)], mk, color=c, ms=13 if big else 8, mec='white',
-                    mew=0.8, label=f"{name} {_lr_text(v)}" + ' (default)' * big, zorder=4 if big else 3)
+                    mew=0.8, label=f"{name} {lr_text(v)}" + ' (default)' * big, zorder=4 if big else 3)
         ax.set(xscale='log', xlabel='learning rate', ylabel='loss')
         fin = cy[np.isfinite(cy)]
         if len(fin):
             lo, hi = fin.min(), fin[:int(np.argmin(fin)) + 1].max()
             pad = max(hi - lo, 1e-8 * max(abs(hi), 1.0))
             ax.set_ylim(lo - 0.15 * pad, hi + 0.3 * pad)
-        if lr is not None: ax.axvline(lr, color='k', ls='--', lw=1.2, label=f"lr {_lr_text(lr)}")
+        if lr is not None: ax.axvline(lr, color='k', ls='--', lw=1.2, label=f"lr {lr_text(lr)}")
         if self.check: _draw_check(ax, self)
         if not self.reliable: ax.set_title('No reliable suggestion: see the fallback (X)', color='tab:red', fontsize=10)
         ax.grid(True, which='major', alpha=0.3)
@@ -581,7 +391,7 @@ class LRFindResult:
             display(self.widget)
 
     def __repr__(self):
-        picks = ', '.join(f"{k}={_lr_text(v)}" for k, v in self.choices.items())
+        picks = ', '.join(f"{k}={lr_text(v)}" for k, v in self.choices.items())
         return f"LRFindResult({len(self.lrs)} points, {picks}" + ('' if self.reliable else ', not reliable') + ')'
 
 # %% ../nbs/05_lr_find.ipynb #5e9ffe25
@@ -589,7 +399,7 @@ def _flat_sentence(self: LRFindResult) -> str:
     "The verdict's sentence on a flat bottom (`LRFindResult.flat`), else ''."
     lv = self.flat
     if lv is None: return ''
-    return (f" Its trials scored within {CHECK_LEVEL:.0%} of the best from {_lr_text(lv[0])} to {_lr_text(lv[1])}: a "
+    return (f" Its trials scored within {CHECK_LEVEL:.0%} of the best from {lr_text(lv[0])} to {lr_text(lv[1])}: a "
             "flat bottom, where LRs train about alike, and the pick may move within it from one lr_find to the next.")
 
 # what a default not checked by training gives up (measured: "How well it does, with the check and without" above)
@@ -604,10 +414,10 @@ def _verdict(self: LRFindResult) -> str:
     unchecked = not self.check and self.fallback is not None   # (your own rules: no check)
     if self.check:
         best = min(self.check.values())
-        lo, hi = _lr_text(min(self.check)), _lr_text(max(self.check))
+        lo, hi = lr_text(min(self.check)), lr_text(max(self.check))
         runs = max(map(len, self.check_runs.values()), default=1)
         checked = (f"a check of {len(self.check)} LRs from {lo} to {hi} ({runs} run{'s' * (runs > 1)} each) " +
-                   (f"picked {_lr_text(self.checked)} (the default), a little below the bottom of the trials' loss "
+                   (f"picked {lr_text(self.checked)} (the default), a little below the bottom of the trials' loss "
                     "curve." + _flat_sentence(self) if self.checked is not None else
                     f"took the loss from {self.check_start:.4g} to {best:.4g} at best, no clearer than the scatter "
                     "between batches: neither the sweep nor the check saw an LR that trains. Check that the model "
@@ -616,230 +426,22 @@ def _verdict(self: LRFindResult) -> str:
     if not self.reliable:
         out = f"No reliable suggestion: {self.reason}." + (" And " + checked if checked else "")
         if self.fallback is None: return out
-        return out + (f" The default is the fallback {_lr_text(self.fallback)}: a tenth of the largest LR before the "
+        return out + (f" The default is the fallback {lr_text(self.fallback)}: a tenth of the largest LR before the "
                       "loss rises" + (", " + _UNCHECKED if unchecked else "."))
     if r is None: return ''
     if not r.reliable:
         return f"Reliable by the check: {checked[0].upper()}{checked[1:]} The curve alone is not: {r.reason}."
     a, b = _descent_span(r)
     return (f"Reliable: the smoothed loss falls from {r.losses[r.top]:.4g} to {r.losses[r.bottom]:.4g} between "
-            f"{_lr_text(r.lrs[a])} and {_lr_text(r.lrs[b])} ({r.z:.0f}x its noise)."
+            f"{lr_text(r.lrs[a])} and {lr_text(r.lrs[b])} ({r.z:.0f}x its noise)."
             + (" Then " + checked if checked else " The default is the curve's valley, " + _UNCHECKED if unchecked
                else ""))
-
-# %% ../nbs/05_lr_find.ipynb #a013cdbb
-def _png(fig) -> bytes:
-    "The PNG of a `new_figure` (drawn as it shows itself in a notebook)."
-    return fig._repr_png_()[0]
-
-def _css_width(fig) -> int: return round(fig.get_size_inches()[0] * 100)   # as `new_figure` shows it
-
-# %% ../nbs/05_lr_find.ipynb #ebfe0786
-SLIDER_STEP = 2e-4   # decades: fine enough that a pick snapped to the slider's steps reads as the same 3 digits
-
-# the marker: a second slider over the plot, its track the axes, its handle a dashed line; it only shows (no pointer)
-_MARKER_CSS = """<style>
-.tnb-lr-marker, .tnb-lr-marker * { pointer-events: none !important; }
-.tnb-lr-marker .widget-label, .tnb-lr-marker .widget-readout { display: none !important; }
-.tnb-lr-marker.widget-hslider { position: relative; min-width: 0 !important; line-height: normal !important; }
-.tnb-lr-marker .slider-container, .tnb-lr-marker .noUi-target, .tnb-lr-marker .noUi-base,
-.tnb-lr-marker .noUi-connects, .tnb-lr-marker .noUi-origin {
-  height: 100% !important; margin: 0 !important; padding: 0 !important; border: 0 !important; top: 0 !important;
-  background: transparent !important; box-shadow: none !important; }
-.tnb-lr-marker .noUi-connect { background: transparent !important; }
-.tnb-lr-marker .noUi-handle { width: 0 !important; height: 100% !important; top: 0 !important; right: 0 !important;
-  left: auto !important; border: 0 !important; border-left: 1.5px dashed #111 !important; border-radius: 0 !important;
-  background: transparent !important; box-shadow: none !important; }
-.tnb-lr-marker .noUi-handle::before, .tnb-lr-marker .noUi-handle::after { display: none !important; }
-</style>"""
-
-# %% ../nbs/05_lr_find.ipynb #4878ec78
-def _layout_css(wide: int) -> str:
-    """The widget's layout: the wide picture where the widget is at least `wide` CSS px wide (as drawn), else the narrow
-    one, as wide as the widget; the verdict and the label under the button wrap (no text cut)."""
-    return f"""<style>
-.tnb-lr-find {{ container: tnb-lr / inline-size; }}
-.tnb-lr-find .tnb-lr-plot {{ max-width: {wide}px; }}
-@container tnb-lr (max-width: {wide - 0.02}px) {{
-  .tnb-lr-find .tnb-lr-wide {{ display: none !important; }} .tnb-lr-find .tnb-lr-plot {{ max-width: 100%; }} }}
-@container tnb-lr (min-width: {wide}px) {{ .tnb-lr-find .tnb-lr-narrow {{ display: none !important; }} }}
-.tnb-lr-find .tnb-lr-label {{ white-space: normal !important; height: auto !important; line-height: 1.4 !important; }}
-</style>"""
-
-def _over_axes(fig):
-    "The marker's layout: over the axes of the drawn `fig`, in % of the picture's width (it scales with it)."
-    import ipywidgets as W
-    (x0, y0), (x1, y1) = fig.axes[0].get_position().get_points()
-    return W.Layout(grid_area='plot', align_self='flex-start', margin='0', left=f'{100 * x0:.3f}%',
-                    top=f'{100 * (1 - y1):.3f}%', width=f'{100 * (x1 - x0):.3f}%', height=f'{100 * (y1 - y0):.3f}%')
-
-# %% ../nbs/05_lr_find.ipynb #445ce3d3
-class LRFindWidget:
-    "Plot + verdict + LR slider + 'Use this LR' button for an `LRFindResult`; `.box` is the ipywidgets container."
-    live = False   # shown live, and the notebook has run no cell since
-    checking = False   # shown before its check ended (in the background): a choice is applied when it ends
-
-    def __init__(self, result: LRFindResult):
-        import ipywidgets as W
-        self.result = result
-        lrs, choices = result.lrs, result.choices
-        start = result._lr(None) if choices else _round_lr(math.sqrt(lrs[0] * lrs[-1]))
-        # the slider spans the sweep and every pick (a hand-made result's `minimum` or `slide` can lie below the sweep's
-        # first LR), a hair wider than the extremes so that 10**min cannot round above the smallest one
-        ends = [lrs[0], lrs[-1], *(v for v in choices.values() if 0 < v < math.inf)]
-        lo, hi = math.log10(min(ends)) - 1e-9, math.log10(max(ends)) + 1e-9
-        # drawn once, with no LR line (the line is a marker, over the picture), wide and narrow (for a phone)
-        self.fig, self.fig_narrow = result.plot(), result.plot(narrow=True)
-        self.ax = self.fig.axes[0]
-        for f in (self.fig, self.fig_narrow): f.axes[0].set_xlim(10 ** lo, 10 ** hi)   # the slider's range: the track
-        slider = dict(value=start, base=10, min=lo, max=hi, step=SLIDER_STEP, continuous_update=True)
-        self.slider = W.FloatLogSlider(description='LR', readout_format='.2e', **slider, style={
-            'description_width': 'initial'}, layout=W.Layout(width='100%', max_width='640px'))
-        self.slider.add_class('tnb-lr-slider')
-        self._links = []
-        self.image, self.marker = self._picture(self.fig, slider, 'wide')
-        self.image_narrow, self.marker_narrow = self._picture(self.fig_narrow, slider, 'narrow')
-        self.plot = W.GridBox([self.image, self.marker, self.image_narrow, self.marker_narrow,
-                               W.HTML(_MARKER_CSS + _layout_css(_css_width(self.fig)))],
-                              layout=W.Layout(grid_template_areas='"plot"', grid_template_columns='100%', width='100%'))
-        self.plot.add_class('tnb-lr-plot')
-        self.state = W.HTML(value=self._state_html())
-        self.state.add_class('tnb-lr-state')
-        self.state.add_class('tnb-lr-reliable' if result.reliable else 'tnb-lr-unreliable')
-        self.picks = W.ToggleButtons(options=[(f"{k} {_lr_text(v)}", k) for k, v in choices.items()],
-                                     value=None, description='Suggestions', style={'button_width': 'auto'})
-        self.picks.add_class('tnb-lr-picks')
-        self.button = W.Button(description='Use this LR', button_style='primary')
-        self.button.add_class('tnb-lr-apply')
-        self.label = W.Label(value='')
-        self.label.add_class('tnb-lr-label')
-        self._pick, self._given = None, start   # a picked suggestion; the LR the kernel put on the slider
-        self.slider.observe(self._moved, names='value')
-        self.picks.observe(self._picked, names='value')
-        self.button.on_click(self._choose)
-        self.box = W.VBox([self.plot, self.state, self.slider, self.picks,
-                           W.HBox([self.button, self.label], layout=W.Layout(flex_flow='row wrap'))],
-                          layout=W.Layout(max_width='100%'))
-        self.box.add_class('tnb-lr-find')
-        self._tip()
-
-    # ---- the LR chosen
-    @property
-    def chosen(self) -> float:
-        "The LR that 'Use this LR' applies, as the slider's readout shows it: a picked suggestion, or the slider value."
-        return self._pick if self._pick is not None else _round_lr(self.slider.value)
-
-    def show_applied(self, lr: float):
-        "Say under the buttons that `trainer.lr` is now `lr` (`LRFindResult.apply` calls it)."
-        self.label.value = f"trainer.lr = {_lr_text(lr)}: the next fit uses it, and apply() returns it"
-
-    # ---- its parts, and what a move does
-    def _state_html(self) -> str:
-        import html
-        color = '#1a7f37' if self.result.reliable else '#b42318'
-        return (f'<div style="color:{color}; max-width:640px; line-height:1.4">'
-                f'{html.escape(self.result.verdict or "")}</div>')
-
-    def _picture(self, fig, slider: dict, kind: str):
-        "`(image, marker)`: the drawn `fig`, and over its axes a slider that `.slider` moves in the browser (the line)."
-        import ipywidgets as W
-        image = W.Image(value=_png(fig), format='png',
-                        layout=W.Layout(width='100%', height='auto', margin='0', grid_area='plot'))
-        marker = W.FloatLogSlider(readout=False, **slider, layout=_over_axes(fig))
-        for w, c in ((image, f'tnb-lr-{kind}'), (marker, 'tnb-lr-marker'), (marker, f'tnb-lr-{kind}')): w.add_class(c)
-        self._links.append(W.jslink((self.slider, 'value'), (marker, 'value')))   # moved by the browser alone
-        return image, marker
-
-    def _moved(self, change):
-        "A move of the slider is a choice; the browser snapping the LR the kernel put there to its steps is not."
-        if self._given is not None and abs(math.log10(change['new'] / self._given)) <= self.slider.step / 2 + 1e-9:
-            return
-        self._given = self._pick = None
-        self.picks.value = None
-        self._choose()
-
-    def _picked(self, change):
-        if change['new'] is None: return
-        self._pick = self._given = self.result.choices[change['new']]
-        self.slider.value = self._pick
-        self._choose()
-
-    def _choose(self, _=None):
-        "Apply the LR shown (`chosen`): `trainer.lr` is now it, and `result.apply()` returns it."
-        if self.checking:   # shown while its check runs in the background: kept, applied when the check ends
-            self.result.chosen = self.chosen
-            self.label.value = f"{_lr_text(self.chosen)} chosen: trainer.lr is set to it when the check ends"
-            return self._tip()
-        try: self.result.apply(self.chosen)
-        except RuntimeError as e: self.label.value = f"Not applied: {e}"   # a fit is running (in another thread)
-        self._tip()
-
-    def check_ended(self):
-        """The check that ran while the widget showed (`lr_find(check=..., background=True)`) has ended: its verdict,
-        its pick among the suggestions and, unless a choice was made meanwhile, on the slider as the default."""
-        self.checking = False
-        r, moved = self.result, self._pick is not None or self._given is None
-        self.picks.unobserve(self._picked, names='value')
-        self.picks.options = [(f"{k} {_lr_text(v)}", k) for k, v in r.choices.items()]
-        self.picks.value = None
-        self.picks.observe(self._picked, names='value')
-        self.state.value = self._state_html()
-        for c in ('tnb-lr-reliable', 'tnb-lr-unreliable'): self.state.remove_class(c)
-        self.state.add_class('tnb-lr-reliable' if r.reliable else 'tnb-lr-unreliable')
-        if not moved: self._given = self.slider.value = r._lr(None)   # (put there by the kernel: not a choice)
-        self._tip()
-
-    def _tip(self):
-        "The button's tooltip names the LR it applies (as the kernel has it: the browser may be a move ahead)."
-        self.button.tooltip = f"Set trainer.lr to {_lr_text(self.chosen)}"
-
-    # ---- showing it: live, then as a static record
-    def static_bundle(self, narrow: bool = True) -> tuple[dict, dict]:
-        """`(data, metadata)`: the plot with the chosen LR's line, the verdict and what was applied, as HTML, PNG and
-        text: what stays in the notebook once it moves on (no widget model to go missing when it is reopened). With
-        `narrow`, the HTML shows the narrow plot on a screen up to 640 CSS px wide."""
-        import base64, html
-        def png(narrow):   # a figure of its own: the live picture's layout stays as it is
-            fig = self.result.plot(lr=self.chosen, narrow=narrow)
-            fig.axes[0].set_xlim(self.ax.get_xlim())
-            return base64.b64encode(_png(fig)).decode('ascii'), _css_width(fig)
-        (wide, w), applied = png(False), self.label.value
-        text = self.result.summary() + (f"\n{applied}" if applied else '')
-        img = (f'<img src="data:image/png;base64,{wide}" width="{w}" style="max-width:100%; height:auto" '
-               'alt="LR finder plot">')
-        if narrow:
-            img = (f'<picture><source media="(max-width: 640px)" srcset="data:image/png;base64,{png(True)[0]}">'
-                   f'{img}</picture>')
-        page = img + self._state_html() + (f'<div>{html.escape(applied)}</div>' if applied else '')
-        return {'text/html': page, 'image/png': wide, 'text/plain': text}, {'image/png': {'width': w}}
-
-    def _repr_mimebundle_(self, include=None, exclude=None):
-        "The live widget, with the static record beside it (its wide plot) for viewers without a widget manager."
-        data, md = self.static_bundle(narrow=False)
-        return {**data, **self.box._repr_mimebundle_(), 'text/plain': data['text/plain']}, md
-
-    def _ipython_display_(self):
-        "Show the live widget; once the notebook runs another cell, its output becomes the static record."
-        from IPython import get_ipython
-        from IPython.display import display
-        data, md = self._repr_mimebundle_()
-        handle = display(data, metadata=md, raw=True, display_id=True)
-        ip = get_ipython()
-        if ip is None or handle is None: return
-
-        def freeze(*_):
-            ip.events.unregister('pre_run_cell', freeze)
-            self.live = False
-            data, md = self.static_bundle()
-            handle.update(data, metadata=md, raw=True)
-        ip.events.register('pre_run_cell', freeze)
-        self.live = True   # on show, until the notebook runs its next cell
 
 # %% ../nbs/05_lr_find.ipynb #defc04e8
 def _why_short(res: LRFindResult, div: float) -> str:
     "What stopped a sweep before `MIN_POINTS` usable steps, in what was seen, and what to change."
     n, why, raw = len(res.raw_losses), res.stop_reason, [v for v in res.raw_losses if math.isfinite(v)]
-    head = f"The sweep stopped after {n} steps ({_lr_text(res.lrs[0])} to {_lr_text(res.lrs[-1])}): {why}."
+    head = f"The sweep stopped after {n} steps ({lr_text(res.lrs[0])} to {lr_text(res.lrs[-1])}): {why}."
     if why.startswith('the loss became NaN'):
         return head + " Training diverges at these LRs: lower start_lr (or clip the gradients)."
     if why.startswith('the smoothed loss exceeded') and raw:
@@ -888,8 +490,8 @@ def _read_into(res: LRFindResult, methods):
     r = read_sweep(res.lrs, res.raw_losses)
     if isinstance(methods, dict): sugg, fallback = suggest(res.lrs, res.losses, methods), None   # yours: no fallback
     else: sugg, fallback = suggest_sweep(r, methods)
-    sugg = {k: _round_lr(v, None if isinstance(methods, dict) else r.bounds) for k, v in sugg.items()}   # as shown
-    if fallback is not None: fallback = _round_lr(fallback, r.bounds)
+    sugg = {k: round_lr(v, None if isinstance(methods, dict) else r.bounds) for k, v in sugg.items()}   # as shown
+    if fallback is not None: fallback = round_lr(fallback, r.bounds)
     res.suggestions, res.reading, res.reliable, res.reason, res.fallback = sugg, r, r.reliable, r.reason, fallback
 
 def _check_args(start_lr, end_lr, num_it, beta, div, check, runs):
@@ -956,7 +558,7 @@ def lr_find(trainer, start_lr: float = 1e-7, end_lr: float = 10, num_it: int = 1
                 cbar.total = cbar.n
                 cbar.close()
         if res.checked is not None:   # (to the digits it is shown with, as the suggestions)
-            res.checked, res.reliable, res.reason = _round_lr(res.checked), True, ''
+            res.checked, res.reliable, res.reason = round_lr(res.checked), True, ''
     if not res.reliable: warnings.warn(f"lr_find: {res.verdict}", LRFindWarning, stacklevel=3)
     if show and main: _show(res, box)
     return res
