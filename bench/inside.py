@@ -14,6 +14,10 @@ repetition (the median over repetitions, and its quartiles), and B the ratio of 
 - `Timing`: the fit with the `Timing` hook (its own hook calls, and every hook's methods timed) against the same fit
   without it.
 - `LayerStats every=N`: the fit with the hook (sampling every N optimizer steps) against the same fit without it.
+
+`--check-share`: the gradients' check (`grads_finite`) timed alone, beside the step it guards (forward, backward and
+SGD's step of the same model and batch), interleaved, in blocks of 50 calls: the medians over the repetitions, their
+range, and the check's share of a step.
 """
 import argparse, statistics, time, warnings
 import torch, torch.nn as nn, torch.nn.functional as F
@@ -73,6 +77,32 @@ def compare(kind, contenders, steps, reps):
         out[n] = (statistics.median(ratios), q[0], q[2], max(runs[n]) / max(runs['ref']))
     return out
 
+def check_share(kind, reps, block=50):
+    "Per call, in us, medians and ranges over `reps` interleaved blocks: the step, and the check of its gradients."
+    from trainer_nb.inside import grads_finite
+    model, batches = make(kind, 1)
+    x, y = batches[0]
+    opt = torch.optim.SGD(model.parameters(), lr=0.01)
+    def step():
+        opt.zero_grad(set_to_none=False)
+        F.cross_entropy(model(x), y).backward()
+        opt.step()
+    params = list(model.parameters())
+    parts = {'step': step, 'grads_finite': lambda: grads_finite(params)}
+    times = {n: [] for n in parts}
+    for f in parts.values(): f()   # warm up
+    for r in range(reps):
+        for n, f in parts.items():
+            t = time.perf_counter()
+            for _ in range(block): f()
+            times[n].append((time.perf_counter() - t) / block * 1e6)
+    st = statistics.median(times['step'])
+    print(f"{kind} step: {st:.0f} us ({min(times['step']):.0f}-{max(times['step']):.0f})")
+    ts = times['grads_finite']
+    shares = sorted(c / s * 100 for c, s in zip(ts, times['step']))
+    print(f"{kind} grads_finite: {statistics.median(ts):.1f} us ({min(ts):.1f}-{max(ts):.1f}): "
+          f"{statistics.median(shares):.2f}% of a step ({shares[0]:.2f}-{shares[-1]:.2f}% by repetition)", flush=True)
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument('--steps', type=int, default=400)
@@ -80,7 +110,11 @@ def main():
     ap.add_argument('--every', type=int, nargs='+', default=[50, 100, 200])
     ap.add_argument('--only-grad-check', action='store_true', help="the gradients' check only (no Timing, LayerStats)")
     ap.add_argument('--models', nargs='+', default=list(MODELS), choices=list(MODELS))
+    ap.add_argument('--check-share', action='store_true', help="the gradients' check timed alone, beside a step")
     a = ap.parse_args()
+    if a.check_share:
+        for kind in a.models: check_share(kind, a.reps)
+        return
     for kind in a.models:
         c = {'ref': lambda k, s: fit(k, s, grad_check=False), 'grad check': lambda k, s: fit(k, s),
              'Timing': lambda k, s: fit(k, s, timing=True, grad_check=False)}
