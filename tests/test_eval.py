@@ -1,4 +1,5 @@
 "evaluate / predict: dict batches, custom steps, unlabelled data, exact sample counts."
+import weakref
 from dataclasses import dataclass
 
 import warnings
@@ -142,3 +143,31 @@ def test_evaluate_keeps_eval_mode_and_no_grad(make_trainer):
     t.evaluate(dl)
     assert t.model.training
     assert all(p.grad is None for p in t.model.parameters())
+
+
+class Probe(torch.nn.Module):
+    "A linear model (5 inputs) that notes, at each forward pass, whether the output of the one before is still alive."
+    def __init__(self):
+        super().__init__()
+        self.lin, self.prev, self.alive = torch.nn.Linear(5, 1), None, []
+    def forward(self, x):
+        self.alive.append(self.prev is not None and self.prev() is not None)
+        out = self.lin(x)
+        self.prev = weakref.ref(out)
+        return out
+
+
+@pytest.mark.usefixtures('on_the_cpu')
+@pytest.mark.parametrize('default_hooks', [False, True])
+def test_no_batch_predictions_live_past_the_next_forward_pass(default_hooks):
+    """In training and in `evaluate`, with the default hooks or none, and no metric that needs them kept: each batch's
+    predictions are gone before the next forward pass (a model whose predictions are large, an LM's logits, holds one
+    batch's at a time, not two)."""
+    model = Probe()
+    t = Trainer(model, DataLoader(regression_ds(32), batch_size=8), DataLoader(regression_ds(40, seed=1), batch_size=8),
+                loss_func=F.mse_loss, cpu=True, default_hooks=default_hooks)
+    t.evaluate()
+    assert model.alive == [False] * 5, model.alive
+    model.alive.clear()
+    t.fit(1)   # 4 batches, then the validation's 5
+    assert model.alive == [False] * 9, model.alive

@@ -258,6 +258,8 @@ def _run_eval(t, dl, keep_preds: bool, stream=()):
                 if keep_preds:
                     preds.append(to_cpu(p))
                     if y is not None: targets.append(to_cpu(y))
+                # this batch's outputs go before the next forward pass (else two batches' predictions live at once)
+                loss = p = y = t.preds = t.out = None
     finally:
         t.model.train(was_training)
         t.preds = t.out = None
