@@ -11,7 +11,7 @@ import torch.nn.functional as F
 from torch import nn
 from torch.utils.data import DataLoader, TensorDataset
 
-from trainer_nb.base import Hook, LossLog
+from trainer_nb.base import Hook, LossLog, NonFiniteError
 from trainer_nb.core import Trainer
 from trainer_nb.lr_find import (CHECK_BELOW, CHECK_GRID, CHECK_STEPS, LRFindResult, LRFindWarning, MIN_POINTS,
                                 _bottom, _level, lr_text, read_sweep, suggest, suggest_sweep, suggest_valley,
@@ -181,6 +181,45 @@ def test_diverging_sweep_stops_and_restores():
     # lrs grow exponentially: a constant ratio between consecutive steps
     r = np.diff(np.log(res.lrs))
     assert np.allclose(r, math.log(1e10) / 99)
+
+
+class _Bomb(torch.autograd.Function):
+    "The identity; from its `at`-th call on, a NaN in the output (`'loss'`) or an infinite gradient (`'gradients'`)."
+    @staticmethod
+    def forward(ctx, a, bad):
+        ctx.bad = bad
+        return a * math.nan if bad == 'loss' else a.clone()
+    @staticmethod
+    def backward(ctx, g): return (g * math.inf if ctx.bad == 'gradients' else g), None
+
+
+class Bombed(nn.Module):
+    "`make`'s model, whose output or gradient goes non-finite from its `at`-th forward pass in training on."
+    def __init__(self, model, what, at):
+        super().__init__()
+        self.model, self.what, self.at, self.calls = model, what, at, 0
+    def forward(self, x):
+        self.calls += self.training
+        return _Bomb.apply(self.model(x), self.what if self.training and self.calls >= self.at else None)
+
+
+@pytest.mark.usefixtures('on_the_cpu')
+@pytest.mark.parametrize('what', ['loss', 'gradients'])
+def test_a_sweep_whose_loss_or_gradients_go_non_finite_ends_there(what):
+    """On the CPU the loop refuses a non-finite loss before its backward pass, and non-finite gradients (the loss
+    finite) before the step: in a sweep, that is where it diverged, as a loss found NaN after its step is. The sweep
+    ends at that step (a NaN point), the trainer is as before it; at the first step (the smallest LR) it is an error."""
+    t = make(); seed_all()
+    t.model = Bombed(t.model, what, at=21)
+    w0 = weights(t)
+    res = t.lr_find(num_it=60, show=False)
+    assert res.stop_reason.startswith(f'the {what} became NaN or infinite at LR '), res.stop_reason
+    assert len(res.lrs) == 21 and math.isnan(res.raw_losses[-1]) and all(map(math.isfinite, res.raw_losses[:-1]))
+    assert same(weights(t), w0)
+    t.model.calls, t.model.at = 0, 1
+    with pytest.raises(NonFiniteError, match='Non-finite gradients' if what == 'gradients' else 'Non-finite loss'):
+        t.lr_find(num_it=60, show=False)
+    assert same(weights(t), w0)
 
 
 def scripted(values):

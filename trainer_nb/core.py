@@ -390,7 +390,7 @@ def _non_finite_at(t, batch, what: str) -> NonFiniteError:
         f"{origin}{_RERUN if origin.kind != 'weights' else ''}. Found before its "
         f"{'backward pass' if what == 'loss' else 'optimizer step'}: the weights and the optimizer are as they were "
         "before this batch. Lower the LR, set max_grad_norm=, check the data, or pass nan_policy='skip' to skip "
-        "such batches", origin, epoch=s.epoch + 1, batch=s.batch + 1, iteration=it, step=s.step, lr=lr)
+        "such batches", origin, epoch=s.epoch + 1, batch=s.batch + 1, iteration=it, step=s.step, lr=lr, what=what)
 
 def _weights_gone(t) -> NonFiniteOrigin | None:
     "When parameters are not finite already (an earlier step made them so), the origin that says which ones."

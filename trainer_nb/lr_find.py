@@ -14,7 +14,8 @@ __all__ = ['CHECK_STEPS', 'CHECK_RUNS', 'CHECK_GRID', 'CHECK_MORE', 'CHECK_BELOW
 
 # %% ../nbs/05_lr_find.ipynb #82eecdd7
 import numpy as np
-from .base import CancelBatch, CancelFit, Hook, LossLog, Smoother, TrainerWarning, check_idle
+from .base import (CancelBatch, CancelFit, Hook, LossLog, NonFiniteError, Smoother, TrainerWarning,
+                             check_idle)
 from .control import match_twins
 from .recorder import new_figure
 from .progress import view_box
@@ -34,6 +35,7 @@ class _Sweep(Hook):
         self.sched, self.ratios, self.div, self.bar, self.skip = lrs, ratios, div, bar, skip
         self.lrs, self.raw, self.smooth, self.smoother = [], [], [], Smoother(beta)
         self.best, self.acc, self.n, self.stop, self.epoch_points = math.inf, None, 0, None, 0
+        self.error = None   # the `NonFiniteError` that ended it, if one did
 
     def before_epoch(self): self.epoch_points = 0
 
@@ -87,6 +89,17 @@ class _Sweep(Hook):
         self.stop = why
         raise CancelFit()
 
+    def non_finite(self, e: NonFiniteError):
+        """The loop refused this step's non-finite loss or gradients (`e`: where each loss is checked at its batch, the
+        CPU): the sweep ends there, as at a loss found NaN after its step."""
+        lr = self.sched[len(self.lrs)]
+        self.lrs.append(lr)
+        self.raw.append(math.nan)
+        self.epoch_points += 1
+        self.error = e
+        what = 'gradients' if getattr(e, 'what', 'loss') in ('gradient', 'norm') else 'loss'
+        self.stop = f'the {what} became NaN or infinite at LR {lr_text(lr)}'
+
 # %% ../nbs/05_lr_find.ipynb #de375901
 CHECK_STEPS = 40    # optimizer steps per run of a candidate of the check
 CHECK_RUNS = 3      # runs per candidate, each on other batches: its score is their mean
@@ -111,7 +124,9 @@ def _run(trainer, sweep: _Sweep, steps: int, valid=None) -> float | None:
     keep = [h for h in trainer.hooks if h.in_sweeps]
     with trainer.temporary(hooks=[sweep, *keep], rewind=True, losses=LossLog(), valid_dl=None, scheduler_func=None,
                            sync_every=sys.maxsize):
-        if steps: trainer.fit(math.ceil((steps * trainer.grad_accum + sweep.skip) / n) + 1 if n else sys.maxsize)
+        if steps:
+            try: trainer.fit(math.ceil((steps * trainer.grad_accum + sweep.skip) / n) + 1 if n else sys.maxsize)
+            except NonFiniteError as e: sweep.non_finite(e)   # (the rewind puts back what the batch touched)
         if valid is not None and sweep.stop in ('done', None):
             return float(trainer.evaluate(valid)['valid_loss'])
     return None
@@ -541,6 +556,8 @@ def lr_find(trainer, start_lr: float = 1e-7, end_lr: float = 10, num_it: int = 1
         if bar is not None:
             if sweep.stop: bar.total = bar.n   # stopping early is normal: don't leave a 'failed' (red) bar behind
             bar.close()
+    # non-finite at the first step, the smallest LR: not the divergence the sweep looks for, a fit that cannot train
+    if sweep.error is not None and len(sweep.raw) == 1: raise sweep.error
     losses = sweep.smooth + [math.nan] * (len(sweep.raw) - len(sweep.smooth))   # the NaN step, if any
     res = LRFindResult(list(sweep.lrs), losses, list(sweep.raw), {}, sweep.stop or '', self)
     try: _read_into(res, suggest_funcs)
