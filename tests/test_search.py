@@ -255,3 +255,29 @@ def test_the_view_shows_the_trials_best_first_and_the_best_curves():
     v.update(s, done=True)
     assert 'max-width:100%' in v.overlay.value and 'of 5 trials' in v.status.value and v.stop_button.disabled
     assert "overflow-x:auto" in v.table.value   # a narrow page scrolls the table sideways
+
+
+def test_a_background_search_leaves_a_still_picture_in_the_saved_notebook(tmp_path, monkeypatch):
+    """A notebook run by nbclient and saved: the cell that started a background search holds, once the search ended,
+    the overlay's PNG and the table of trials as HTML, and no widget (a notebook reopened without its kernel shows
+    them)."""
+    import base64
+    from conftest import REPO
+    from test_browser import htmls_of, pngs_of, run_nbclient, widget_views
+    setup = (f"import sys\nsys.path.insert(0, {str(REPO)!r}); sys.path.insert(0, {str(REPO / 'tests')!r})\n"
+             "import search_parts as P\nfrom trainer_nb.search import search, loguniform")
+    nb = run_nbclient(tmp_path, monkeypatch, [
+        setup,
+        "s = search(P.make, {'lr': loguniform(1e-3, 1.0), 'momentum': 0.5, 'epochs': 2}, n_trials=4, "
+        "study_name='still', seed=5, pruner=None, background=True)",
+        "s.wait(); print('ENDED', len(s.study.trials), s.best['trial'])"])
+    assert 'ENDED 4' in ''.join(o.get('text', '') for o in nb.cells[2].outputs)
+    outs = nb.cells[1].outputs
+    assert not widget_views(outs), outs
+    pngs = pngs_of(outs)
+    assert len(pngs) == 1 and pngs[0][:8] == b'\x89PNG\r\n\x1a\n' and len(pngs[0]) > 5000
+    html = ''.join(htmls_of(outs))
+    assert '<table' in html and html.count('<th>valid_loss</th>') == 1 and 'ended: 4 of 4 trials' in html
+    assert all(f'<th>{n}</th>' in html for n in range(4))   # a row a trial
+    assert base64.b64encode(pngs[0]).decode() in html       # the picture in the HTML too
+

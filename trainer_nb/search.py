@@ -10,15 +10,16 @@ from pathlib import Path
 
 # %% auto #0
 __all__ = ['Range', 'loguniform', 'uniform', 'intrange', 'check_space', 'suggest', 'direction_of', 'TrialReport', 'open_storage',
-           'SearchError', 'Search', 'trials_html', 'overlay_png', 'SearchView', 'search', 'space_from_config',
-           'search_config']
+           'SearchError', 'Search', 'trials_html', 'overlay_png', 'overlay_pictures', 'still_bundle', 'SearchView',
+           'search', 'space_from_config', 'search_config']
 
 # %% ../nbs/22_hyperparameter_search.ipynb #96148148
 import torch
 from .base import CancelFit, MainProcessHook
 from .core import Trainer
 from .background import release_thread_pool, worker_threads
-from .progress import detect_mode, view_box
+from .progress import detect_mode, display_handle, view_box
+from .recorder import static_bundle
 from .runs import RunComparison, RunRecorder, compare, draw_comparison, lower_is_better, read_run
 from .registry import ConfigError, apply_overrides, build_trainer, load_config, resolve_config
 
@@ -519,12 +520,14 @@ class Search:
         return self
 
     def attach(self):
-        "Show the search's view again in this cell (or, with no notebook view, a line on where it stands)."
+        """Show the search's view again in this cell (its still picture once it ended; with no notebook view, a line on
+        where it stands)."""
         if self.view is None:
             n = len(self.study.trials)
             return print(f"search {self.study_name}: {'running' if not self.done.is_set() else 'ended'}, "
                          f"{n} of {self.n_trials} trials; best {self.best}")
         from IPython.display import display
+        if self.view.still is not None: return display(self.view.still[0], metadata=self.view.still[1], raw=True)
         display(self.view.box)
 
     def __repr__(self):
@@ -535,7 +538,11 @@ class Search:
 # %% ../nbs/22_hyperparameter_search.ipynb #54a400b1
 _CSS = ("<style>.tnb-search table{border-collapse:collapse;font-size:12px;max-width:100%}"
         ".tnb-search td,.tnb-search th{padding:1px 6px;text-align:right;white-space:nowrap}"
-        ".tnb-search .tnb-wide{overflow-x:auto;max-width:100%}.tnb-search img{max-width:100%;height:auto}</style>")
+        ".tnb-search .tnb-wide{overflow-x:auto;max-width:100%}.tnb-search img{max-width:100%;height:auto}"
+        ".tnb-search .widget-hbox{flex-wrap:wrap;align-items:center}"
+        # (a widget's HTML is a flex item, as wide as its table unless let shrink: then the table scrolls in it)
+        ".tnb-search .widget-html,.tnb-search .widget-html-content{min-width:0;max-width:100%}"
+        ".tnb-search .widget-html-content{line-height:1.4}</style>")
 
 def trials_html(s: Search, rows: int = 10) -> str:
     "The table of a search's trials as HTML, the best first (the first `rows`), scrolling sideways where narrow."
@@ -543,7 +550,14 @@ def trials_html(s: Search, rows: int = 10) -> str:
     shown = df.head(rows).drop(columns=['run', 'error']).assign(
         duration=lambda d: d['duration'].map(lambda v: '' if v is None or v != v else f"{v:.1f}s"))
     more = f"<div>and {len(df) - rows} more</div>" if len(df) > rows else ''
-    return f"<div class='tnb-wide'>{shown.to_html(float_format=lambda v: f'{v:.4g}', na_rep='')}</div>{more}"
+    return f"<div class='tnb-wide'>{shown.to_html(float_format=lambda v: f'{v:.4g}', na_rep='', border=0)}</div>{more}"
+
+def _status_html(s: Search, done: bool) -> str:
+    b = s.best
+    state = ('stopped' if s._stop.is_set() else 'ended') if done else 'running'
+    return (f"<span style='margin-left:.8em'>{state}: {len(s.study.trials)} of "
+            f"{s.n_trials} trials" + (f"; best {s.metric} {_fmt(b['value'])} (trial {b['trial']})" if b else '')
+            + "</span>")
 
 def overlay_png(s: Search, n: int = 4, column: bool = False) -> bytes | None:
     "The best `n` finished trials' training loss and validation `metric` drawn over each other, a PNG (None: none yet)."
@@ -555,12 +569,32 @@ def overlay_png(s: Search, n: int = 4, column: bool = False) -> bytes | None:
     fig.savefig(buf, format='png')
     return buf.getvalue()
 
+def overlay_pictures(s: Search) -> tuple[dict, dict] | None:
+    """The best trials' curves as a display (`(data, metadata)`, as a fit's live plot leaves its curves: HTML that
+    takes the panels one under another on a page up to 700 px wide, and the wide PNG); None: no trial ended yet."""
+    wide = overlay_png(s)
+    if wide is None: return None
+    return static_bundle(wide, overlay_png(s, column=True), 700)   # (7 inches at 100 CSS px an inch)
+
+def still_bundle(s: Search, pictures: tuple[dict, dict] | None = None) -> tuple[dict, dict]:
+    """What a search's view leaves in its cell when it ends (`(data, metadata)` of a display): where it ended, the
+    table of all its trials (the best first) and the best trials' curves (`pictures`: `overlay_pictures`, drawn if not
+    given) as HTML, the PNG alone, and the table as text."""
+    pic = pictures or overlay_pictures(s)
+    html = (f"<div class='tnb-search'>{_CSS}<div>{_status_html(s, True)}</div>"
+            f"{trials_html(s, rows=len(s.study.trials))}")
+    data, md = {'text/plain': f"{s!r}\n{s.table(best_first=True).drop(columns=['run', 'error']).to_string()}"}, {}
+    if pic is not None:
+        html += pic[0]['text/html']
+        data['image/png'], md = pic[0]['image/png'], pic[1]
+    return {'text/html': html + "</div>", **data}, md
+
+# %% ../nbs/22_hyperparameter_search.ipynb #18287ba1
 class SearchView:
     """The live view of a search in the cell that started it: a stop button and its state, the table of trials (best
     first, as they end), the best trials' curves overlaid, and the running trial's own view (its dashboard, plot)."""
     def __init__(self, s: Search):
         import ipywidgets as W
-        from IPython.display import display
         self.stop_button = W.Button(description='Stop', icon='stop', layout=W.Layout(width='7em'),
                                     tooltip='stop the running trial after its batch, and the search')
         self.stop_button.on_click(lambda _: s.stop())
@@ -568,7 +602,8 @@ class SearchView:
         self.table, self.overlay, self.trial = W.HTML(), W.HTML(), W.VBox()
         self.box = W.VBox([W.HBox([self.stop_button, self.status]), self.table, self.overlay, self.trial])
         self.box.add_class('tnb-search')
-        display(self.box)
+        self.handle = display_handle(self.box)   # (what `leave` replaces by the still picture)
+        self.still = None
 
     def add(self, obj):
         "A running trial's hook view (its `display_handle`, in the search's thread): shown under the overlay."
@@ -585,21 +620,28 @@ class SearchView:
         self.trial.children = ()
 
     def update(self, s: Search, done: bool = False):
-        "Redraw the table and the overlay (a trial ended); `done`: the search ended, the stop button off."
-        import base64
-        n = len(s.study.trials)
-        b = s.best
-        self.status.value = _CSS + (f"<span style='margin-left:.8em'>{'ended' if done else 'running'}: {n} of "
-                                    f"{s.n_trials} trials" + (f"; best {s.metric} {_fmt(b['value'])} (trial "
-                                                              f"{b['trial']})" if b else '') + "</span>")
+        """Redraw the table and the overlay (a trial ended); `done`: the search ended (or was stopped): the view leaves
+        its still picture in its place (`leave`)."""
+        self.status.value = _CSS + _status_html(s, done)
         self.table.value = _CSS + trials_html(s)
-        png = overlay_png(s)
-        if png is not None:
-            self.overlay.value = (f"<img src='data:image/png;base64,{base64.b64encode(png).decode()}' "
-                                  "style='max-width:100%;height:auto'>")
+        pic = overlay_pictures(s)
+        if pic is not None: self.overlay.value = pic[0]['text/html']
         if done:
             self.stop_button.disabled = True
             self.trial.children = ()
+            self.leave(s, pic)
+
+    def leave(self, s: Search, pictures: tuple[dict, dict] | None = None):
+        """The search ended: in the view's place (its display handle, as a fit's live plot leaves its picture), a still
+        picture that needs no kernel: `still_bundle` (`pictures`: the best curves, drawn anew if not given). The update
+        goes to the cell that started the search and, from another thread, once more to the cell running now (a client
+        that reads only the running cell's messages, such as nbclient, gets it there)."""
+        self.still = still_bundle(s, pictures)
+        if self.handle is not None:
+            self.handle.update(self.still[0], metadata=self.still[1], raw=True)
+            if threading.current_thread() is not threading.main_thread():
+                contextvars.Context().run(self.handle.update, self.still[0], metadata=self.still[1], raw=True)
+        for w in (*self.box.children[0].children, *self.box.children, self.box): w.close()
 
 class _TrialPart:
     "A trial's hook view in a `SearchView` (a display handle: `update` replaces it)."
