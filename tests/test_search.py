@@ -281,3 +281,22 @@ def test_a_background_search_leaves_a_still_picture_in_the_saved_notebook(tmp_pa
     assert all(f'<th>{n}</th>' in html for n in range(4))   # a row a trial
     assert base64.b64encode(pngs[0]).decode() in html       # the picture in the HTML too
 
+
+def test_a_trial_on_two_processes_reports_from_rank_0_and_prunes_on_both(tmp_path):
+    """A trial's fit launched on two processes (gloo, for real): the main process reports each validation to the trial,
+    the pruner's decision reaches both, and both stop at the same step, pruned (a decision on one process only would
+    leave the other waiting in its next gradient exchange)."""
+    from conftest import REPO, VENV_BIN, free_port
+    env = dict(os.environ, ACCELERATE_USE_CPU='1', CUDA_VISIBLE_DEVICES='', OMP_NUM_THREADS='1', PYTHONUNBUFFERED='1',
+               PYTHONPATH=str(REPO))
+    cmd = [str(VENV_BIN / 'accelerate'), 'launch', '--multi_gpu', '--num_processes', '2', '--num_machines', '1',
+           '--mixed_precision', 'no', '--dynamo_backend', 'no', '--main_process_port', str(free_port()),
+           str(REPO / 'tests' / 'search_dist_script.py'), str(tmp_path)]
+    try: p = subprocess.run(cmd, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=120)
+    except subprocess.TimeoutExpired as e: pytest.fail(f"the two processes did not end in 120 s:\n{e.stderr!s:.4000}")
+    assert p.returncode == 0, p.stderr[-4000:]
+    r0, r1 = (json.loads((tmp_path / f'rank{r}.json').read_text()) for r in (0, 1))
+    assert r0['status'] == r1['status'] == 'pruned' and r0['step'] == r1['step'] == r0['pruned'] == r1['pruned'] == 4
+    assert [s for s, _ in r0['values']] == [s for s, _ in r1['values']] == [2, 4]
+    assert r0['values'] == r1['values']                           # the same validations (gathered over both)
+    assert r0['study'] == {str(s): v for s, v in r0['values']}    # reported once each, by the main process

@@ -15,7 +15,7 @@ __all__ = ['Range', 'loguniform', 'uniform', 'intrange', 'check_space', 'suggest
 
 # %% ../nbs/22_hyperparameter_search.ipynb #96148148
 import torch
-from .base import CancelFit, MainProcessHook
+from .base import CancelFit, Hook
 from .core import Trainer
 from .background import release_thread_pool, worker_threads
 from .progress import detect_mode, display_handle, view_box
@@ -118,10 +118,11 @@ def direction_of(metric: str, direction: str | None = None) -> str:
                      "direction='minimize' or direction='maximize'")
 
 # %% ../nbs/22_hyperparameter_search.ipynb #e97dee83
-class TrialReport(MainProcessHook):
+class TrialReport(Hook):
     """Reports each validation of a fit (the epochs' ends and `fit(eval_every=)`) to an Optuna `trial` as `metric` at
     the optimizer step; when `prune` and the study's pruner says so, the fit ends there: `CancelFit(status='pruned')`,
-    which its record says. `values`: `(step, value)` of each report."""
+    which its record says. On several processes the main one reports and decides, for all. `values`: `(step, value)`
+    of each validation (on each process)."""
     order = 95   # after the RunRecorder (90): the epoch is recorded before a pruning ends the fit
 
     def __init__(self, trial, metric: str, prune: bool = True):
@@ -139,8 +140,14 @@ class TrialReport(MainProcessHook):
         v = float(v)
         if self.values and self.values[-1][0] == step: return   # (reported at this step already)
         self.values.append((step, v))
-        self.trial.report(v, step)
-        if self.prune and (not math.isfinite(v) or self.trial.should_prune()):
+        acc, prune = self.trainer.accelerator, False
+        if acc.is_main_process and self.trial is not None:
+            self.trial.report(v, step)
+            prune = self.prune and (not math.isfinite(v) or self.trial.should_prune())
+        if acc.num_processes > 1:   # (the main process's answer, on every process: they stop together)
+            from accelerate.utils import broadcast
+            prune = bool(broadcast(torch.tensor([float(prune)], device=acc.device), from_process=0).item())
+        if prune:
             self.pruned = step
             raise CancelFit(f"pruned at step {step}: {self.metric} {v:.4g}", status='pruned')
 
