@@ -185,6 +185,19 @@ def _claim_lock(storage):
         try: yield
         finally: fcntl.flock(f, fcntl.LOCK_UN)
 
+def _processes():
+    """The processes of a launch (Accelerate's `PartialState`) when this one is one of several (`accelerate launch`,
+    torchrun), else None."""
+    if int(os.environ.get('WORLD_SIZE', '1')) <= 1: return None
+    from accelerate import PartialState
+    from accelerate.utils import parse_flag_from_env
+    return PartialState(cpu=parse_flag_from_env('ACCELERATE_USE_CPU'))   # (as an Accelerator's state reads it)
+
+def _from_main(value=None):
+    "`value` as the main process of the launch has it, on every process (a collective: all must call it)."
+    from accelerate.utils import broadcast_object_list
+    return broadcast_object_list([value], from_process=0)[0]
+
 def _alive(host, pid) -> bool:
     if host != socket.gethostname() or not pid: return True   # (on another machine: can't be told)
     try: os.kill(pid, 0)
@@ -269,8 +282,11 @@ class Search:
         self.storage = open_storage(storage, self.dir / 'study.journal')
         if sampler is None:
             sampler = optuna.samplers.TPESampler(n_startup_trials=max(3, min(10, n_trials // 3)), seed=seed)
+        self.group = _processes()   # (several processes: the main one alone asks and tells the study)
+        if self.group is not None and not self.group.is_main_process: self.group.wait_for_everyone()
         self.study = optuna.create_study(storage=self.storage, study_name=self.study_name, direction=self.direction,
                                          sampler=sampler, pruner=_pruner(pruner), load_if_exists=True)
+        if self.group is not None and self.group.is_main_process: self.group.wait_for_everyone()   # (now the others)
         self.prune = pruner is not None
         self.records, self.current, self.best_trainer, self.error = {}, None, None, None
         self._stop, self.done, self._checked = threading.Event(), threading.Event(), False
@@ -335,6 +351,7 @@ class Search:
         t = hook = None
         try:
             params = suggest(trial, self.space)
+            if self.group is not None: _from_main((params, str(d)))   # (the others build and train it with this one)
             t, fit_kw = self._build(params, d)
             if not self._checked: self._check_metric(t)
             self._checked = True
@@ -395,7 +412,10 @@ class Search:
             print(f"trial {number}: {row['state']}, {self.metric} {_fmt(row['value'])} ({ps})", flush=True)
 
     def run(self):
-        "Run trials until the study holds `n_trials` (or `stop()`): what `search` calls, in this thread or another."
+        """Run trials until the study holds `n_trials` (or `stop()`): what `search` calls, in this thread or another.
+        On several processes (a launch), the main one asks each trial and sends its parameters to the others, which
+        train it with it (`follow`)."""
+        if self.group is not None and not self.group.is_main_process: return self.follow()
         token = view_box.set(self.view) if self.view is not None else None
         try:
             self._reclaim()
@@ -406,9 +426,24 @@ class Search:
                     trial.set_user_attr('pid', os.getpid())
                     trial.set_user_attr('host', socket.gethostname())
                 self._one(trial)
+            if self.group is not None: _from_main(None)   # (no more trials)
         finally:
             if token is not None: view_box.reset(token)
             if self.view is not None: self.view.update(self, done=True)
+        return self
+
+    def follow(self):
+        """A process of a launch other than the main one: train each trial the main process sends (its parameters),
+        together with it, until it sends none. Only the main process reports to the trial and tells the study."""
+        while (msg := _from_main()) is not None:
+            params, d = msg
+            t, fit_kw = self._build(params, Path(d))
+            t.add_hooks(TrialReport(None, self.metric, self.prune))   # (the main process's decision to prune)
+            try:
+                if callable(self.fit_args): self.fit_args(t, params)
+                else: t.fit(**fit_kw)
+            except BaseException as e:   # (failed on the main process too: the same code, the same data)
+                if not isinstance(e, self.catch): raise
         return self
 
     # ---- what it found
