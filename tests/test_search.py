@@ -255,3 +255,74 @@ def test_the_view_shows_the_trials_best_first_and_the_best_curves():
     v.update(s, done=True)
     assert 'max-width:100%' in v.overlay.value and 'of 5 trials' in v.status.value and v.stop_button.disabled
     assert "overflow-x:auto" in v.table.value   # a narrow page scrolls the table sideways
+
+
+def test_a_background_search_leaves_a_still_picture_in_the_saved_notebook(tmp_path, monkeypatch):
+    """A notebook run by nbclient and saved: the cell that started a background search holds, once the search ended,
+    the overlay's PNG and the table of trials as HTML, and no widget (a notebook reopened without its kernel shows
+    them)."""
+    import base64
+    from conftest import REPO
+    from test_browser import htmls_of, pngs_of, run_nbclient, widget_views
+    setup = (f"import sys\nsys.path.insert(0, {str(REPO)!r}); sys.path.insert(0, {str(REPO / 'tests')!r})\n"
+             "import search_parts as P\nfrom trainer_nb.search import search, loguniform")
+    nb = run_nbclient(tmp_path, monkeypatch, [
+        setup,
+        "s = search(P.make, {'lr': loguniform(1e-3, 1.0), 'momentum': 0.5, 'epochs': 2}, n_trials=4, "
+        "study_name='still', seed=5, pruner=None, background=True)",
+        "s.wait(); print('ENDED', len(s.study.trials), s.best['trial'])"])
+    assert 'ENDED 4' in ''.join(o.get('text', '') for o in nb.cells[2].outputs)
+    outs = nb.cells[1].outputs
+    assert not widget_views(outs), outs
+    pngs = pngs_of(outs)
+    assert len(pngs) == 1 and pngs[0][:8] == b'\x89PNG\r\n\x1a\n' and len(pngs[0]) > 5000
+    html = ''.join(htmls_of(outs))
+    assert '<table' in html and html.count('<th>valid_loss</th>') == 1 and 'ended: 4 of 4 trials' in html
+    assert all(f'<th>{n}</th>' in html for n in range(4))   # a row a trial
+    assert base64.b64encode(pngs[0]).decode() in html       # the picture in the HTML too
+
+
+def _launch(args, cwd, timeout):
+    """`accelerate launch` of `args` on two processes (gloo on the CPU, as tests/test_distributed.py does); on a
+    timeout the whole group of processes is killed and the test fails with what they wrote."""
+    from conftest import REPO, VENV_BIN, free_port
+    env = dict(os.environ, ACCELERATE_USE_CPU='1', CUDA_VISIBLE_DEVICES='', OMP_NUM_THREADS='1', PYTHONUNBUFFERED='1',
+               PYTHONPATH=str(REPO))
+    cmd = [str(VENV_BIN / 'accelerate'), 'launch', '--multi_gpu', '--num_processes', '2', '--num_machines', '1',
+           '--mixed_precision', 'no', '--dynamo_backend', 'no', '--main_process_port', str(free_port()), *map(str, args)]
+    with open(cwd / 'launch.txt', 'w+') as out:
+        p = subprocess.Popen(cmd, cwd=cwd, env=env, stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
+        try: p.wait(timeout)
+        except subprocess.TimeoutExpired:
+            os.killpg(p.pid, signal.SIGKILL)
+            p.wait()
+            pytest.fail(f"the two processes did not end in {timeout} s:\n{(cwd / 'launch.txt').read_text()[-4000:]}")
+    assert p.returncode == 0, (cwd / 'launch.txt').read_text()[-4000:]
+
+
+def test_a_trial_on_two_processes_reports_from_rank_0_and_prunes_on_both(tmp_path):
+    """A trial's fit launched on two processes (gloo, for real): the main process reports each validation to the trial,
+    the pruner's decision reaches both, and both stop at the same step, pruned (a decision on one process only would
+    leave the other waiting in its next gradient exchange)."""
+    from conftest import REPO
+    _launch([REPO / 'tests' / 'search_dist_script.py', tmp_path], tmp_path, 120)
+    r0, r1 = (json.loads((tmp_path / f'rank{r}.json').read_text()) for r in (0, 1))
+    assert r0['status'] == r1['status'] == 'pruned' and r0['step'] == r1['step'] == r0['pruned'] == r1['pruned'] == 4
+    assert [s for s, _ in r0['values']] == [s for s, _ in r1['values']] == [2, 4]
+    assert r0['values'] == r1['values']                           # the same validations (gathered over both)
+    assert r0['study'] == {str(s): v for s, v in r0['values']}    # reported once each, by the main process
+
+
+def test_a_search_launched_on_two_processes_trains_each_trial_on_both(tmp_path):
+    """`trainer-nb search` under `accelerate launch` on two processes (gloo, for real): the main process alone asks and
+    tells the study, the other trains each trial with it, from the parameters it is sent; the trials are N, each
+    reported once, by one process, and pruned or not on both together."""
+    cfg = _config(tmp_path, epochs=2, trials=4)
+    _launch(['-m', 'trainer_nb', 'search', cfg, '--study', 'dist'], tmp_path, 240)
+    trials = _study('dist').trials
+    assert len(trials) == 4 and sorted(t.number for t in trials) == list(range(4)), [t.number for t in trials]
+    assert len({t.user_attrs['pid'] for t in trials}) == 1                 # one process asked them all
+    assert all(t.state.name in ('COMPLETE', 'PRUNED') for t in trials)
+    assert all(t.intermediate_values for t in trials)
+    done = [t for t in trials if t.state.name == 'COMPLETE']
+    assert done and all(max(t.intermediate_values) == 12 for t in done)  # 2 epochs of 6 steps each on 2 processes

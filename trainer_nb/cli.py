@@ -192,6 +192,7 @@ def _search_workers(a) -> int:
 def _search(a) -> int:
     if a.workers > 1: return _search_workers(a)
     s = search_config(a.config, a.overrides, a.trials, a.storage, a.study)
+    if s.group is not None and not s.group.is_main_process: return 0   # (a launch: the main process tells)
     import pandas as pd
     with pd.option_context('display.width', 200, 'display.max_columns', None, 'display.max_colwidth', 40):
         print(s.table(best_first=True).drop(columns=['error']).to_string())

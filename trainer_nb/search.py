@@ -10,15 +10,16 @@ from pathlib import Path
 
 # %% auto #0
 __all__ = ['Range', 'loguniform', 'uniform', 'intrange', 'check_space', 'suggest', 'direction_of', 'TrialReport', 'open_storage',
-           'SearchError', 'Search', 'trials_html', 'overlay_png', 'SearchView', 'search', 'space_from_config',
-           'search_config']
+           'SearchError', 'Search', 'trials_html', 'overlay_png', 'overlay_pictures', 'still_bundle', 'SearchView',
+           'search', 'space_from_config', 'search_config']
 
 # %% ../nbs/22_hyperparameter_search.ipynb #96148148
 import torch
-from .base import CancelFit, MainProcessHook
+from .base import CancelFit, Hook
 from .core import Trainer
 from .background import release_thread_pool, worker_threads
-from .progress import detect_mode, view_box
+from .progress import detect_mode, display_handle, view_box
+from .recorder import static_bundle
 from .runs import RunComparison, RunRecorder, compare, draw_comparison, lower_is_better, read_run
 from .registry import ConfigError, apply_overrides, build_trainer, load_config, resolve_config
 
@@ -117,10 +118,11 @@ def direction_of(metric: str, direction: str | None = None) -> str:
                      "direction='minimize' or direction='maximize'")
 
 # %% ../nbs/22_hyperparameter_search.ipynb #e97dee83
-class TrialReport(MainProcessHook):
+class TrialReport(Hook):
     """Reports each validation of a fit (the epochs' ends and `fit(eval_every=)`) to an Optuna `trial` as `metric` at
     the optimizer step; when `prune` and the study's pruner says so, the fit ends there: `CancelFit(status='pruned')`,
-    which its record says. `values`: `(step, value)` of each report."""
+    which its record says. On several processes the main one reports and decides, for all. `values`: `(step, value)`
+    of each validation (on each process)."""
     order = 95   # after the RunRecorder (90): the epoch is recorded before a pruning ends the fit
 
     def __init__(self, trial, metric: str, prune: bool = True):
@@ -138,8 +140,14 @@ class TrialReport(MainProcessHook):
         v = float(v)
         if self.values and self.values[-1][0] == step: return   # (reported at this step already)
         self.values.append((step, v))
-        self.trial.report(v, step)
-        if self.prune and (not math.isfinite(v) or self.trial.should_prune()):
+        acc, prune = self.trainer.accelerator, False
+        if acc.is_main_process and self.trial is not None:
+            self.trial.report(v, step)
+            prune = self.prune and (not math.isfinite(v) or self.trial.should_prune())
+        if acc.num_processes > 1:   # (the main process's answer, on every process: they stop together)
+            from accelerate.utils import broadcast
+            prune = bool(broadcast(torch.tensor([float(prune)], device=acc.device), from_process=0).item())
+        if prune:
             self.pruned = step
             raise CancelFit(f"pruned at step {step}: {self.metric} {v:.4g}", status='pruned')
 
@@ -176,6 +184,19 @@ def _claim_lock(storage):
         fcntl.flock(f, fcntl.LOCK_EX)
         try: yield
         finally: fcntl.flock(f, fcntl.LOCK_UN)
+
+def _processes():
+    """The processes of a launch (Accelerate's `PartialState`) when this one is one of several (`accelerate launch`,
+    torchrun), else None."""
+    if int(os.environ.get('WORLD_SIZE', '1')) <= 1: return None
+    from accelerate import PartialState
+    from accelerate.utils import parse_flag_from_env
+    return PartialState(cpu=parse_flag_from_env('ACCELERATE_USE_CPU'))   # (as an Accelerator's state reads it)
+
+def _from_main(value=None):
+    "`value` as the main process of the launch has it, on every process (a collective: all must call it)."
+    from accelerate.utils import broadcast_object_list
+    return broadcast_object_list([value], from_process=0)[0]
 
 def _alive(host, pid) -> bool:
     if host != socket.gethostname() or not pid: return True   # (on another machine: can't be told)
@@ -261,8 +282,11 @@ class Search:
         self.storage = open_storage(storage, self.dir / 'study.journal')
         if sampler is None:
             sampler = optuna.samplers.TPESampler(n_startup_trials=max(3, min(10, n_trials // 3)), seed=seed)
+        self.group = _processes()   # (several processes: the main one alone asks and tells the study)
+        if self.group is not None and not self.group.is_main_process: self.group.wait_for_everyone()
         self.study = optuna.create_study(storage=self.storage, study_name=self.study_name, direction=self.direction,
                                          sampler=sampler, pruner=_pruner(pruner), load_if_exists=True)
+        if self.group is not None and self.group.is_main_process: self.group.wait_for_everyone()   # (now the others)
         self.prune = pruner is not None
         self.records, self.current, self.best_trainer, self.error = {}, None, None, None
         self._stop, self.done, self._checked = threading.Event(), threading.Event(), False
@@ -327,6 +351,7 @@ class Search:
         t = hook = None
         try:
             params = suggest(trial, self.space)
+            if self.group is not None: _from_main((params, str(d)))   # (the others build and train it with this one)
             t, fit_kw = self._build(params, d)
             if not self._checked: self._check_metric(t)
             self._checked = True
@@ -387,7 +412,10 @@ class Search:
             print(f"trial {number}: {row['state']}, {self.metric} {_fmt(row['value'])} ({ps})", flush=True)
 
     def run(self):
-        "Run trials until the study holds `n_trials` (or `stop()`): what `search` calls, in this thread or another."
+        """Run trials until the study holds `n_trials` (or `stop()`): what `search` calls, in this thread or another.
+        On several processes (a launch), the main one asks each trial and sends its parameters to the others, which
+        train it with it (`follow`)."""
+        if self.group is not None and not self.group.is_main_process: return self.follow()
         token = view_box.set(self.view) if self.view is not None else None
         try:
             self._reclaim()
@@ -398,9 +426,24 @@ class Search:
                     trial.set_user_attr('pid', os.getpid())
                     trial.set_user_attr('host', socket.gethostname())
                 self._one(trial)
+            if self.group is not None: _from_main(None)   # (no more trials)
         finally:
             if token is not None: view_box.reset(token)
             if self.view is not None: self.view.update(self, done=True)
+        return self
+
+    def follow(self):
+        """A process of a launch other than the main one: train each trial the main process sends (its parameters),
+        together with it, until it sends none. Only the main process reports to the trial and tells the study."""
+        while (msg := _from_main()) is not None:
+            params, d = msg
+            t, fit_kw = self._build(params, Path(d))
+            t.add_hooks(TrialReport(None, self.metric, self.prune))   # (the main process's decision to prune)
+            try:
+                if callable(self.fit_args): self.fit_args(t, params)
+                else: t.fit(**fit_kw)
+            except BaseException as e:   # (failed on the main process too: the same code, the same data)
+                if not isinstance(e, self.catch): raise
         return self
 
     # ---- what it found
@@ -519,12 +562,14 @@ class Search:
         return self
 
     def attach(self):
-        "Show the search's view again in this cell (or, with no notebook view, a line on where it stands)."
+        """Show the search's view again in this cell (its still picture once it ended; with no notebook view, a line on
+        where it stands)."""
         if self.view is None:
             n = len(self.study.trials)
             return print(f"search {self.study_name}: {'running' if not self.done.is_set() else 'ended'}, "
                          f"{n} of {self.n_trials} trials; best {self.best}")
         from IPython.display import display
+        if self.view.still is not None: return display(self.view.still[0], metadata=self.view.still[1], raw=True)
         display(self.view.box)
 
     def __repr__(self):
@@ -535,7 +580,11 @@ class Search:
 # %% ../nbs/22_hyperparameter_search.ipynb #54a400b1
 _CSS = ("<style>.tnb-search table{border-collapse:collapse;font-size:12px;max-width:100%}"
         ".tnb-search td,.tnb-search th{padding:1px 6px;text-align:right;white-space:nowrap}"
-        ".tnb-search .tnb-wide{overflow-x:auto;max-width:100%}.tnb-search img{max-width:100%;height:auto}</style>")
+        ".tnb-search .tnb-wide{overflow-x:auto;max-width:100%}.tnb-search img{max-width:100%;height:auto}"
+        ".tnb-search .widget-hbox{flex-wrap:wrap;align-items:center}"
+        # (a widget's HTML is a flex item, as wide as its table unless let shrink: then the table scrolls in it)
+        ".tnb-search .widget-html,.tnb-search .widget-html-content{min-width:0;max-width:100%}"
+        ".tnb-search .widget-html-content{line-height:1.4}</style>")
 
 def trials_html(s: Search, rows: int = 10) -> str:
     "The table of a search's trials as HTML, the best first (the first `rows`), scrolling sideways where narrow."
@@ -543,7 +592,14 @@ def trials_html(s: Search, rows: int = 10) -> str:
     shown = df.head(rows).drop(columns=['run', 'error']).assign(
         duration=lambda d: d['duration'].map(lambda v: '' if v is None or v != v else f"{v:.1f}s"))
     more = f"<div>and {len(df) - rows} more</div>" if len(df) > rows else ''
-    return f"<div class='tnb-wide'>{shown.to_html(float_format=lambda v: f'{v:.4g}', na_rep='')}</div>{more}"
+    return f"<div class='tnb-wide'>{shown.to_html(float_format=lambda v: f'{v:.4g}', na_rep='', border=0)}</div>{more}"
+
+def _status_html(s: Search, done: bool) -> str:
+    b = s.best
+    state = ('stopped' if s._stop.is_set() else 'ended') if done else 'running'
+    return (f"<span style='margin-left:.8em'>{state}: {len(s.study.trials)} of "
+            f"{s.n_trials} trials" + (f"; best {s.metric} {_fmt(b['value'])} (trial {b['trial']})" if b else '')
+            + "</span>")
 
 def overlay_png(s: Search, n: int = 4, column: bool = False) -> bytes | None:
     "The best `n` finished trials' training loss and validation `metric` drawn over each other, a PNG (None: none yet)."
@@ -555,12 +611,32 @@ def overlay_png(s: Search, n: int = 4, column: bool = False) -> bytes | None:
     fig.savefig(buf, format='png')
     return buf.getvalue()
 
+def overlay_pictures(s: Search) -> tuple[dict, dict] | None:
+    """The best trials' curves as a display (`(data, metadata)`, as a fit's live plot leaves its curves: HTML that
+    takes the panels one under another on a page up to 700 px wide, and the wide PNG); None: no trial ended yet."""
+    wide = overlay_png(s)
+    if wide is None: return None
+    return static_bundle(wide, overlay_png(s, column=True), 700)   # (7 inches at 100 CSS px an inch)
+
+def still_bundle(s: Search, pictures: tuple[dict, dict] | None = None) -> tuple[dict, dict]:
+    """What a search's view leaves in its cell when it ends (`(data, metadata)` of a display): where it ended, the
+    table of all its trials (the best first) and the best trials' curves (`pictures`: `overlay_pictures`, drawn if not
+    given) as HTML, the PNG alone, and the table as text."""
+    pic = pictures or overlay_pictures(s)
+    html = (f"<div class='tnb-search'>{_CSS}<div>{_status_html(s, True)}</div>"
+            f"{trials_html(s, rows=len(s.study.trials))}")
+    data, md = {'text/plain': f"{s!r}\n{s.table(best_first=True).drop(columns=['run', 'error']).to_string()}"}, {}
+    if pic is not None:
+        html += pic[0]['text/html']
+        data['image/png'], md = pic[0]['image/png'], pic[1]
+    return {'text/html': html + "</div>", **data}, md
+
+# %% ../nbs/22_hyperparameter_search.ipynb #18287ba1
 class SearchView:
     """The live view of a search in the cell that started it: a stop button and its state, the table of trials (best
     first, as they end), the best trials' curves overlaid, and the running trial's own view (its dashboard, plot)."""
     def __init__(self, s: Search):
         import ipywidgets as W
-        from IPython.display import display
         self.stop_button = W.Button(description='Stop', icon='stop', layout=W.Layout(width='7em'),
                                     tooltip='stop the running trial after its batch, and the search')
         self.stop_button.on_click(lambda _: s.stop())
@@ -568,7 +644,8 @@ class SearchView:
         self.table, self.overlay, self.trial = W.HTML(), W.HTML(), W.VBox()
         self.box = W.VBox([W.HBox([self.stop_button, self.status]), self.table, self.overlay, self.trial])
         self.box.add_class('tnb-search')
-        display(self.box)
+        self.handle = display_handle(self.box)   # (what `leave` replaces by the still picture)
+        self.still = None
 
     def add(self, obj):
         "A running trial's hook view (its `display_handle`, in the search's thread): shown under the overlay."
@@ -585,21 +662,28 @@ class SearchView:
         self.trial.children = ()
 
     def update(self, s: Search, done: bool = False):
-        "Redraw the table and the overlay (a trial ended); `done`: the search ended, the stop button off."
-        import base64
-        n = len(s.study.trials)
-        b = s.best
-        self.status.value = _CSS + (f"<span style='margin-left:.8em'>{'ended' if done else 'running'}: {n} of "
-                                    f"{s.n_trials} trials" + (f"; best {s.metric} {_fmt(b['value'])} (trial "
-                                                              f"{b['trial']})" if b else '') + "</span>")
+        """Redraw the table and the overlay (a trial ended); `done`: the search ended (or was stopped): the view leaves
+        its still picture in its place (`leave`)."""
+        self.status.value = _CSS + _status_html(s, done)
         self.table.value = _CSS + trials_html(s)
-        png = overlay_png(s)
-        if png is not None:
-            self.overlay.value = (f"<img src='data:image/png;base64,{base64.b64encode(png).decode()}' "
-                                  "style='max-width:100%;height:auto'>")
+        pic = overlay_pictures(s)
+        if pic is not None: self.overlay.value = pic[0]['text/html']
         if done:
             self.stop_button.disabled = True
             self.trial.children = ()
+            self.leave(s, pic)
+
+    def leave(self, s: Search, pictures: tuple[dict, dict] | None = None):
+        """The search ended: in the view's place (its display handle, as a fit's live plot leaves its picture), a still
+        picture that needs no kernel: `still_bundle` (`pictures`: the best curves, drawn anew if not given). The update
+        goes to the cell that started the search and, from another thread, once more to the cell running now (a client
+        that reads only the running cell's messages, such as nbclient, gets it there)."""
+        self.still = still_bundle(s, pictures)
+        if self.handle is not None:
+            self.handle.update(self.still[0], metadata=self.still[1], raw=True)
+            if threading.current_thread() is not threading.main_thread():
+                contextvars.Context().run(self.handle.update, self.still[0], metadata=self.still[1], raw=True)
+        for w in (*self.box.children[0].children, *self.box.children, self.box): w.close()
 
 class _TrialPart:
     "A trial's hook view in a `SearchView` (a display handle: `update` replaces it)."
