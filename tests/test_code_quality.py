@@ -239,13 +239,15 @@ FEATURE_ROOMS = {   # a feature's rooms, on the floors below it: each imports on
     'lr_find': {'lr_suggest': set(), 'lr_widget': {'lr_suggest'}},   # the suggestions and the reading; the widget
     'checkpoint': {'rundir': set()},                                # the run's directory: files, config, lock
     'liveplot': {'liveplot_js': set()},                             # the JavaScript the browser draws with
+    'search': {'search_space': set()},                              # what a search tries: ranges, choices
 }
 
 
 def test_feature_rooms_sit_below_their_feature():
     """The LR finder's rooms (its suggestions, `lr_suggest`; its widget, `lr_widget`), the checkpoints' (the run
-    directory, `rundir`) and the live plot's (its JavaScript, `liveplot_js`) import `base` and the rooms below them only, never the feature they serve (which imports
-    them), so each reads on its own; the feature imports each of its rooms."""
+    directory, `rundir`), the live plot's (its JavaScript, `liveplot_js`) and the search's (its space, `search_space`)
+    import `base` and the rooms below them only, never the feature they serve (which imports them), so each reads on
+    its own; the feature imports each of its rooms."""
     wrong = []
     for feature, rooms in FEATURE_ROOMS.items():
         theirs = {m for m, *_ in lib_imports(LIB / f'{feature}.py')}

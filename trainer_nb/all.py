@@ -37,6 +37,7 @@ from .trackers import *
 from .runs import *
 from .inside import *
 from .adapters import *
+from .search_space import *
 from .search import *   # (Optuna is imported by the first search, not here)
 # a new module: add its `from trainer_nb.module import *` line above
 

@@ -5,17 +5,16 @@
 # %% ../nbs/22_hyperparameter_search.ipynb #16becdaa
 from __future__ import annotations
 import contextlib, contextvars, inspect, math, os, socket, sys, threading, time, traceback
-from dataclasses import dataclass
 from pathlib import Path
 
 # %% auto #0
-__all__ = ['Range', 'loguniform', 'uniform', 'intrange', 'check_space', 'suggest', 'direction_of', 'TrialReport', 'open_storage',
-           'SearchError', 'Search', 'trials_html', 'overlay_png', 'overlay_pictures', 'still_bundle', 'SearchView',
-           'search', 'space_from_config', 'search_config']
+__all__ = ['direction_of', 'TrialReport', 'open_storage', 'SearchError', 'Search', 'trials_html', 'overlay_png',
+           'overlay_pictures', 'still_bundle', 'SearchView', 'search', 'space_from_config', 'search_config']
 
 # %% ../nbs/22_hyperparameter_search.ipynb #96148148
 import torch
 from .base import CancelFit, Hook
+from .search_space import Range, check_space, intrange, loguniform, sample_values, suggest, uniform  # noqa: F401
 from .core import Trainer
 from .background import release_thread_pool, worker_threads
 from .progress import detect_mode, display_handle, view_box
@@ -32,76 +31,6 @@ def _optuna():
                           "pip install optuna)") from None
     optuna.logging.set_verbosity(optuna.logging.WARNING)   # (each trial is told by the search's own view)
     return optuna
-
-# %% ../nbs/22_hyperparameter_search.ipynb #e2353e38
-@dataclass(frozen=True)
-class Range:
-    "A range of numbers to try: from `low` to `high` (both in), evenly or on a log scale, floats or ints (`step`)."
-    low: float
-    high: float
-    log: bool = False
-    int: bool = False
-    step: float | None = None
-
-    def check(self, name: str):
-        "A `ValueError` naming `name` for an empty or inverted range, or a log range that reaches 0."
-        if not (math.isfinite(self.low) and math.isfinite(self.high)):
-            raise ValueError(f"space[{name!r}]: the range's ends must be finite numbers, got {self.low}, {self.high}")
-        if self.low > self.high:
-            raise ValueError(f"space[{name!r}]: the range {self.low} .. {self.high} is inverted (low > high)")
-        if self.low == self.high:
-            raise ValueError(f"space[{name!r}]: the range {self.low} .. {self.high} is empty: give the value itself "
-                             "for a constant")
-        if self.log and self.low <= 0:
-            raise ValueError(f"space[{name!r}]: a log range must be above 0, got {self.low} .. {self.high}")
-
-    def suggest(self, trial, name: str):
-        if self.int: return trial.suggest_int(name, int(self.low), int(self.high), step=int(self.step or 1),
-                                              log=self.log)
-        return trial.suggest_float(name, self.low, self.high, step=self.step, log=self.log)
-
-def loguniform(low: float, high: float) -> Range:
-    "Floats from `low` to `high`, evenly on a log scale (learning rates, weight decays)."
-    return Range(float(low), float(high), log=True)
-
-def uniform(low: float, high: float, step: float | None = None) -> Range:
-    "Floats from `low` to `high`, evenly (`step`: on a grid of that step)."
-    return Range(float(low), float(high), step=step)
-
-def intrange(low: int, high: int, step: int = 1, log: bool = False) -> Range:
-    "Integers from `low` to `high`, both in (`step` apart; `log`: evenly on a log scale)."
-    return Range(low, high, log=log, int=True, step=step)
-
-# %% ../nbs/22_hyperparameter_search.ipynb #6d0a70ed
-_PLAIN = (type(None), bool, int, float, str)
-
-def check_space(space) -> None:
-    """Refuse a space (a dict) with an empty or inverted range, or an empty list of choices, naming its key; a function
-    of a trial passes (it is checked when it runs)."""
-    if callable(space): return
-    if not isinstance(space, dict): raise TypeError(f"space must be a dict or a function of a trial, got {space!r}")
-    for k, v in space.items():
-        if isinstance(v, Range): v.check(k)
-        elif isinstance(v, (list, tuple)) and not v:
-            raise ValueError(f"space[{k!r}]: an empty list of choices")
-
-def suggest(trial, space) -> dict:
-    "A trial's parameters from `space`: a `Range` or a list is asked of the trial, a constant is itself."
-    if callable(space): return dict(space(trial))
-    out = {}
-    for k, v in space.items():
-        if isinstance(v, Range): out[k] = v.suggest(trial, k)
-        elif isinstance(v, (list, tuple)):
-            if all(isinstance(c, _PLAIN) for c in v): out[k] = trial.suggest_categorical(k, list(v))
-            else: out[k] = v[trial.suggest_categorical(k, list(range(len(v))))]   # (other objects: by index)
-        else: out[k] = v
-    return out
-
-def _sample(space) -> dict:
-    "A value of each key of a dict `space` (a range's low end, a list's first choice): to check names with."
-    if callable(space): return {}
-    return {k: (v.low if isinstance(v, Range) else v[0] if isinstance(v, (list, tuple)) else v)
-            for k, v in space.items()}
 
 # %% ../nbs/22_hyperparameter_search.ipynb #eceacacf
 _HIGHER = ('acc', 'f1', 'auc', 'precision', 'recall', 'r2', 'score', 'iou', 'map', 'dice', 'bleu', 'rouge')
@@ -214,7 +143,7 @@ def _make_style(make, space) -> str:
     if isinstance(make, (dict, str, os.PathLike)): return 'config'
     if not callable(make): raise TypeError(f"make must be a function of the parameters or a config, got {make!r}")
     ps = inspect.signature(make).parameters
-    keys = list(_sample(space))
+    keys = list(sample_values(space))
     named = [n for n, p in ps.items() if p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY)]
     if len(ps) == 1 and named and named[0] not in keys: return 'dict'
     if not any(p.kind == p.VAR_KEYWORD for p in ps.values()):
@@ -274,7 +203,7 @@ class Search:
         if self.style == 'config':
             cfg = load_config(make)
             cfg.pop('search', None)
-            resolve_config(cfg, _overrides(_sample(space)))   # (a key that names no field: a ConfigError here)
+            resolve_config(cfg, _overrides(sample_values(space)))   # (a key that names no field: a ConfigError here)
             self.config = cfg
         self.direction = direction_of(metric, direction)
         self.study_name = study_name or f"search-{time.strftime('%Y%m%d-%H%M%S')}"
