@@ -330,3 +330,15 @@ def test_the_status_says_who_ended_the_run(how, status):
     assert rec['status'] == status, (rec['status'], rec['message'])
     assert rec['steps'] == {'done': 24, 'early': 12}.get(how, 8)
     if how != 'done': assert rec['events'][-1]['kind'] == status
+
+
+def test_runs_of_a_folder_leave_out_this_kernels_fits_kept_elsewhere(tmp_path):
+    """`runs(path)` lists the runs under `path` and this kernel's fits that have no directory; a fit of this kernel
+    whose directory is elsewhere is not one of them (it is listed by `runs` of its own folder)."""
+    elsewhere, here = tmp_path / 'elsewhere', tmp_path / 'here'
+    trainer(run_dir=elsewhere / 'a').fit(1)
+    trainer(run_dir=here / 'b').fit(1)
+    trainer().fit(1)   # (no directory)
+    assert set(runs(here)['path']) >= {str(here / 'b')} and str(elsewhere / 'a') not in set(runs(here)['path'])
+    assert str(elsewhere / 'a') in set(runs(elsewhere)['path'])
+    assert any(p.startswith('kernel:') for p in runs(here)['path'])

@@ -332,9 +332,15 @@ def _collect(path, kernel: bool, notes: list) -> list[dict]:
                 if r is None: notes.append(f"{d}: not a run directory, skipped")
                 else: recs.append(r)
     seen = {str(Path(r['dir']).resolve()) for r in recs if r.get('dir')}
-    for r in (_RECORDS if kernel else []):
-        if r.get('dir') is None or str(Path(r['dir']).resolve()) not in seen: recs.append(r)
+    for r in (_RECORDS if kernel else []):   # this kernel's fits without a directory, and those under `path` that
+        d = r.get('dir')                      # left none on disk yet (a fit running: its record comes at its end)
+        if d is None or p is None or (str(Path(d).resolve()) not in seen and _inside(Path(d), p)): recs.append(r)
     return recs
+
+def _inside(d: Path, p: Path) -> bool:
+    "Is `d` the folder `p` or under it?"
+    d, p = d.resolve(), p.resolve()
+    return d == p or p in d.parents
 
 def runs(path='runs', kernel: bool = True):
     """The runs under `path` (and, with `kernel`, this kernel's fits without a directory): a `pandas.DataFrame`, one
