@@ -6,7 +6,8 @@ that a run stopped at a time limit (where pytest's summary never prints) still t
 Under pytest-xdist (`make test-py` runs `-n 2 --dist loadfile -m 'not serial'`, then `-m serial` alone): each file's
 tests go to one worker, so that a module-scoped fixture (a distributed run's results) is made once, and the docs
 tests (one file) share one docs build, which writes into the checkout. A test that loads the machine itself and counts
-frames per second is marked `serial`: left to the second, one-process run. The longest files start first."""
+frames per second is marked `serial`: left to the second, one-process run. The longest files start first. Each worker
+and what it starts use their part of the cores for PyTorch's threads (`share_the_cores`)."""
 import os
 import socket
 import sys
@@ -32,6 +33,17 @@ def pytest_configure(config):
     config.addinivalue_line('markers', 'serial: must not share the machine with other tests (make test-py runs it '
                                        'after the parallel part, alone)')
     _WORKER = hasattr(config, 'workerinput')   # (under pytest-xdist the controller writes what its workers report)
+    if _WORKER: share_the_cores(config.workerinput['workercount'])
+
+
+def share_the_cores(workers: int):
+    """Each of `workers` parallel test processes gets its part of the cores for PyTorch's threads, and so do the
+    kernels, servers and scripts it starts (`OMP_NUM_THREADS`, unless the environment sets it). With every process's
+    team as large as the machine, OpenMP's threads wait for each other spinning while another process's threads hold
+    the cores: two browser test files took 219 s on 2 cores, 131 s with one thread a process."""
+    threads = max(1, len(os.sched_getaffinity(0)) // workers)
+    os.environ.setdefault('OMP_NUM_THREADS', str(threads))
+    torch.set_num_threads(int(os.environ['OMP_NUM_THREADS']))
 
 
 # files whose tests take longest (the docs build and pages, the largest files, distributed and kill runs, the GPU
