@@ -15,7 +15,7 @@ import pytest
 optuna = pytest.importorskip('optuna')
 
 from trainer_nb.runs import runs  # noqa: E402
-from trainer_nb.search import SearchError, intrange, loguniform, search, uniform  # noqa: E402
+from trainer_nb.search import SearchError, intrange, loguniform, search, still_bundle, uniform  # noqa: E402
 
 sys.path.insert(0, str(Path(__file__).parent))
 import search_parts as P  # noqa: E402
@@ -144,6 +144,25 @@ def test_background_search_stops_and_goes_on():
     states = [r['state'] for r in s2.trials()]
     assert states[:len(rows)] == [r['state'] for r in rows] and states[-1] == 'complete'
     assert sum(st != 'interrupted' for st in states) == len(rows)
+
+
+@pytest.mark.parametrize('kind', ['grid', 'brute'])
+def test_a_sampler_that_tries_every_combination_ends_the_search(kind):
+    """Optuna's GridSampler and BruteForceSampler stop the study when every combination has run (Optuna allows that
+    inside `Study.optimize` only): the search ends there, each combination tried once, and a search that goes on with
+    the same study trains nothing more."""
+    grid = {'lr': [0.01, 0.1], 'momentum': [0.0, 0.9]}
+    def sampler():
+        return (optuna.samplers.GridSampler(grid, seed=0) if kind == 'grid'
+                else optuna.samplers.BruteForceSampler(seed=0))
+    s = search(P.make, {**grid, 'epochs': 1}, n_trials=10, sampler=sampler(), study_name=kind, pruner=None)
+    df = s.table()
+    assert s.exhausted and len(df) == 4 and (df['state'] == 'complete').all(), df
+    assert sorted(zip(df['lr'], df['momentum'])) == [(0.01, 0.0), (0.01, 0.9), (0.1, 0.0), (0.1, 0.9)]
+    assert 'every combination tried' in repr(s) and 'every combination' in still_bundle(s)[0]['text/html']
+    again = search(P.make, {**grid, 'epochs': 1}, n_trials=10, sampler=sampler(), study_name=kind, pruner=None)
+    assert len(again.study.trials) == 4 or kind == 'brute'   # (BruteForceSampler cannot say it is done before a trial)
+    assert again.exhausted
 
 
 def test_optuna_is_optional():

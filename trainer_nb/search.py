@@ -219,6 +219,7 @@ class Search:
         self.prune = pruner is not None
         self.records, self.current, self.best_trainer, self.error = {}, None, None, None
         self._stop, self.done, self._checked = threading.Event(), threading.Event(), False
+        self.exhausted = False   # (the sampler has tried all it can: Optuna's GridSampler, BruteForceSampler)
         self.view = self.thread = None
 
     # ---- the trials
@@ -307,7 +308,7 @@ class Search:
             trial.set_user_attr('error', ''.join(traceback.format_exception_only(e)).strip()[:1000])
             print(f"trial {trial.number} failed:", file=sys.stderr)
             traceback.print_exception(e)
-            self.study.tell(trial, state=S.FAIL)
+            self._tell(trial, state=S.FAIL)
             return self._ended(trial.number, t)
         finally:
             if t is not None:
@@ -315,22 +316,31 @@ class Search:
                 rr = _recorder(t)
                 if rr is not None and rr.record is not None: self.records[trial.number] = rr.record
         if hook.pruned is not None:
-            self.study.tell(trial, state=S.PRUNED)
+            self._tell(trial, state=S.PRUNED)
         elif not hook.values:
             trial.set_user_attr('failure', 'error')
             trial.set_user_attr('error', f"the fit ended before any validation: no {self.metric}")
-            self.study.tell(trial, state=S.FAIL)
+            self._tell(trial, state=S.FAIL)
         else:
             v = hook.values[-1][1]
             if not math.isfinite(v):
                 trial.set_user_attr('failure', 'error')
                 trial.set_user_attr('error', f"{self.metric} is {v}")
-                self.study.tell(trial, state=S.FAIL)
+                self._tell(trial, state=S.FAIL)
             else:
-                self.study.tell(trial, v)
+                self._tell(trial, v)
                 if self.keep_best and self.best is not None and self.best['trial'] == trial.number:
                     self.best_trainer = t
         self._ended(trial.number, t)
+
+    def _tell(self, trial, value=None, state=None):
+        """Tell the study how `trial` ended. A sampler that has tried all it can (Optuna's GridSampler and
+        BruteForceSampler) asks the study to stop, which Optuna allows only inside `Study.optimize`: the trial's end
+        is stored all the same (Optuna stores it whatever the sampler does), and the search ends after it."""
+        try: self.study.tell(trial, value, state=state)
+        except RuntimeError as e:
+            if 'Study.stop' not in str(e): raise
+            self.exhausted = True
 
     def _ended(self, number: int, t):
         self.current = None
@@ -348,9 +358,12 @@ class Search:
         token = view_box.set(self.view) if self.view is not None else None
         try:
             self._reclaim()
-            while not self._stop.is_set():
+            while not (self._stop.is_set() or self.exhausted):
                 with _claim_lock(self.storage):
                     if self._counted() >= self.n_trials: break
+                    if getattr(self.study.sampler, 'is_exhausted', lambda s: False)(self.study):   # (a grid done)
+                        self.exhausted = True
+                        break
                     trial = self.study.ask()
                     trial.set_user_attr('pid', os.getpid())
                     trial.set_user_attr('host', socket.gethostname())
@@ -503,7 +516,8 @@ class Search:
 
     def __repr__(self):
         b = self.best
-        return (f"Search({self.study_name!r}: {len(self.study.trials)} of {self.n_trials} trials, {self.direction} "
+        return (f"Search({self.study_name!r}: {len(self.study.trials)} of {self.n_trials} trials"
+                + (' (every combination tried)' if self.exhausted else '') + f", {self.direction} "
                 f"{self.metric}" + (f"; best {_fmt(b['value'])} by trial {b['trial']}" if b else '') + ')')
 
 # %% ../nbs/22_hyperparameter_search.ipynb #54a400b1
@@ -527,7 +541,7 @@ def _status_html(s: Search, done: bool) -> str:
     b = s.best
     state = ('stopped' if s._stop.is_set() else 'ended') if done else 'running'
     return (f"<span style='margin-left:.8em'>{state}: {len(s.study.trials)} of "
-            f"{s.n_trials} trials" + (f"; best {s.metric} {_fmt(b['value'])} (trial {b['trial']})" if b else '')
+            f"{s.n_trials} trials" + (' (the sampler has tried every combination)' if s.exhausted else '') + (f"; best {s.metric} {_fmt(b['value'])} (trial {b['trial']})" if b else '')
             + "</span>")
 
 def overlay_png(s: Search, n: int = 4, column: bool = False) -> bytes | None:
