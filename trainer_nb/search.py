@@ -541,7 +541,8 @@ def _status_html(s: Search, done: bool) -> str:
     b = s.best
     state = ('stopped' if s._stop.is_set() else 'ended') if done else 'running'
     return (f"<span style='margin-left:.8em'>{state}: {len(s.study.trials)} of "
-            f"{s.n_trials} trials" + (' (the sampler has tried every combination)' if s.exhausted else '') + (f"; best {s.metric} {_fmt(b['value'])} (trial {b['trial']})" if b else '')
+            f"{s.n_trials} trials" + (' (the sampler has tried every combination)' if s.exhausted else '')
+            + (f"; best {s.metric} {_fmt(b['value'])} (trial {b['trial']})" if b else '')
             + "</span>")
 
 def overlay_png(s: Search, n: int = 4, column: bool = False) -> bytes | None:
