@@ -16,13 +16,15 @@ test: test-nbs test-py
 
 # every notebook of nbs/ runs, each in a fresh Jupyter kernel as a reader runs it (two at a time; the cells flagged
 # `notest` or `slow` are skipped, as nbdev_test skips them); a notebook that fails fails the tests. The runs are kept
-# in _exec/, where the docs build of test-py takes them instead of running every notebook a second time
+# in _exec/, where the docs build of test-py takes them instead of running every notebook a second time. Each kernel
+# gets its share of the cores for PyTorch's threads (OMP_NUM_THREADS, unless set): two full teams on 2 cores spin
+# against each other (tools/build_docs.py)
 test-nbs: $(VENV)/.installed
 	$(BIN)/python tools/build_docs.py --run-only
 
 # pytest-xdist: WORKERS processes share out the test files (a file's tests in one process: its module fixtures made
 # once, the docs build among them); then the tests marked `serial` run alone: a test that loads the machine itself
-# (see tests/conftest.py)
+# (see tests/conftest.py); each worker, and what it starts, takes its share of the cores for PyTorch's threads
 WORKERS ?= 2
 PYTEST_FLAGS ?= -q -p no:cacheprovider --durations=20
 
