@@ -184,6 +184,13 @@ def browser(site):
         finally: b.close()
 
 
+def _open(page, url):
+    """Open a page of the site and wait for what it is laid out with: the page, its styles, images and fonts (not for
+    half a second of no requests, `networkidle`, which the tests that check requests keep: 47 pages a test)."""
+    page.goto(url, wait_until='load')
+    page.evaluate("() => document.fonts.ready.then(() => true)")
+
+
 def _outside(urls, base) -> list:
     return [u for u in urls if not (u.startswith(base + '/') or u.split(':')[0] in ('data', 'blob', 'about'))]
 
@@ -255,12 +262,12 @@ def test_math_is_rendered(site, browser):
     base, folder = site
     page, _ = browser
     for name in sorted(p.name for p in folder.glob('*.html')):
-        page.goto(f"{base}/{name}", wait_until='networkidle')
+        _open(page, f"{base}/{name}")
         text = page.evaluate("""() => { const b = document.body.cloneNode(true);
                                         b.querySelectorAll('pre, script, style').forEach(e => e.remove());
                                         return b.innerText; }""")
         for raw in ('\\(', '\\[', '$$', '\\mathrm', '\\log_'): assert raw not in text, f"{raw} in the text of {name}"
-    page.goto(f"{base}/lr_find.html", wait_until='networkidle')
+    _open(page, f"{base}/lr_find.html")
     boxes = page.evaluate("() => Array.from(document.querySelectorAll('math')).map(m => m.getBoundingClientRect().width)")
     assert len(boxes) >= 5 and all(w > 0 for w in boxes), boxes
 
@@ -269,7 +276,7 @@ def test_math_is_rendered(site, browser):
 def test_code_blocks_copy_buttons_show_in_the_browser(site, browser):
     base, _ = site
     page, _ = browser
-    page.goto(f"{base}/tutorial.html", wait_until='networkidle')
+    _open(page, f"{base}/tutorial.html")
     assert page.locator('button.copybtn').count() >= 10
 
 
@@ -298,7 +305,7 @@ def test_code_fits_its_column_at_1400px(site, browser, viewport):
     viewport(1400, 900)
     scrolled, narrow = [], []
     for name in _pages(folder):
-        page.goto(f"{base}/{name}", wait_until='networkidle')
+        _open(page, f"{base}/{name}")
         r = page.evaluate("""() => {
             const pres = Array.from(document.querySelectorAll('article pre'));
             if (!pres.length) return null;
@@ -328,7 +335,7 @@ def test_nothing_is_cut_off_at_phone_width(site, browser, viewport):
     viewport(400, 800)
     bad = []
     for name in _pages(folder):
-        page.goto(f"{base}/{name}", wait_until='networkidle')
+        _open(page, f"{base}/{name}")
         r = page.evaluate("""() => {
             const d = document.documentElement, c = document.querySelector('.content'), right = d.clientWidth + 0.5;
             const cut = [];
@@ -396,7 +403,7 @@ def test_signatures_are_the_true_ones(site, browser):
     page, _ = browser
     wrong, checked = [], 0
     for name in _pages(folder):
-        page.goto(f"{base}/{name}", wait_until='networkidle')
+        _open(page, f"{base}/{name}")
         for e in _entries(page):
             obj = _documented(name[:-5], e['name'])
             try: ps = _parameters(obj, e['name'])
@@ -415,11 +422,11 @@ def test_signatures_are_the_true_ones(site, browser):
             if 'NoneType' in sig: wrong.append(f"{name} {e['name']}: a type guessed from a default: {sig!r}")
     assert checked >= 100, checked
     assert not wrong, '\n'.join(wrong)
-    page.goto(f"{base}/core.html", wait_until='networkidle')
+    _open(page, f"{base}/core.html")
     fit = next(e['sig'] for e in _entries(page) if e['name'] == 'Trainer.fit')
     assert 'resume: str | os.PathLike | None = None' in fit, fit
     assert all(k in fit for k in ('limit_batches', 'overfit_batches', 'fast_dev_run')), fit
-    page.goto(f"{base}/base.html", wait_until='networkidle')
+    _open(page, f"{base}/base.html")
     hook = next(e['sig'] for e in _entries(page) if e['name'] == 'Hook')
     assert hook.strip() == 'Hook()', hook        # Hook has no __init__: it takes no argument
 
@@ -430,7 +437,7 @@ def test_parameter_tables_of_the_trainer(site, browser):
     in the signature's order, with its type, default and a meaning read from the docstrings."""
     base, _ = site
     page, _ = browser
-    page.goto(f"{base}/core.html", wait_until='networkidle')
+    _open(page, f"{base}/core.html")
     entries = {e['name']: e for e in _entries(page)}
     for name in TABLES:
         table = entries[name]['table']
@@ -466,10 +473,10 @@ def test_write_a_hook_shows_its_code(site, browser):
     "The how-to page shows the code of its hooks, and the core page the code of PrintMetrics ('a complete example')."
     base, _ = site
     page, _ = browser
-    page.goto(f"{base}/howto_write_a_hook.html", wait_until='networkidle')
+    _open(page, f"{base}/howto_write_a_hook.html")
     code = '\n'.join(page.eval_on_selector_all('article pre', 'els => els.map(e => e.textContent)'))
     assert 'class EpochLine(MainProcessHook):' in code and 'def after_epoch(self):' in code
     assert 'raise CancelFit()' in code and 'def state_dict(self)' in code
-    page.goto(f"{base}/core.html", wait_until='networkidle')
+    _open(page, f"{base}/core.html")
     code = '\n'.join(page.eval_on_selector_all('article pre', 'els => els.map(e => e.textContent)'))
     assert 'class PrintMetrics(MainProcessHook):' in code
