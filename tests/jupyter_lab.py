@@ -1,7 +1,8 @@
 """Shared set-up for the real-browser tests: a JupyterLab server isolated in a temporary folder, with a kernel on this
 venv's python, and headless Chromium (Debian's /usr/bin/chromium) driven by Playwright."""
-import json, os, secrets, subprocess, sys, time, urllib.request
+import atexit, json, os, secrets, subprocess, sys, time, urllib.request
 from contextlib import contextmanager
+from typing import NamedTuple
 
 import pytest
 
@@ -59,32 +60,83 @@ def wait_for_server(proc, url, log, timeout=60):
     pytest.fail(f"JupyterLab did not answer in {timeout}s:\n{log.read_text()[-3000:]}")
 
 
-@contextmanager
-def lab_server(tmp_path):
-    """A JupyterLab serving `tmp_path / 'root'` (write notebooks there); yields `(base_url, token)`.
-    Its log is `tmp_path / 'jupyterlab.log'`; the server is stopped on exit."""
-    root = tmp_path / 'root'
-    root.mkdir(exist_ok=True)
-    env = jupyter_env(tmp_path)
+class Server(NamedTuple):
+    "A running JupyterLab: its address and token, and the folder (under its root) that a test's notebooks are in."
+    base: str
+    token: str
+    prefix: str = ''
+
+    def api(self, path: str, method: str = 'GET'):
+        "The server's REST API: the JSON answer to `method` on `path` (e.g. 'api/sessions'), or None if it has none."
+        req = urllib.request.Request(f'{self.base}/{path}?token={self.token}', method=method)
+        with urllib.request.urlopen(req, timeout=30) as r: body = r.read()
+        return json.loads(body) if body else None
+
+
+def _start_lab(home, root):
+    "Start a JupyterLab serving `root`, its settings and kernelspec in `home`; returns `(process, Server)` once it answers."
+    env = jupyter_env(home)
     port, token = free_port(), secrets.token_hex(16)
-    log = tmp_path / 'jupyterlab.log'
+    log = home / 'jupyterlab.log'
     with open(log, 'w') as lf:
-        server = subprocess.Popen(
+        proc = subprocess.Popen(
             [sys.executable, '-m', 'jupyterlab', '--no-browser', '--ServerApp.ip=127.0.0.1', f'--ServerApp.port={port}',
              '--ServerApp.port_retries=0', '--ServerApp.allow_root=True', '--ServerApp.terminals_enabled=False',
              f'--IdentityProvider.token={token}', f'--ServerApp.root_dir={root}',
              '--LabApp.expose_app_in_browser=True', '--JupyterNotebookApp.expose_app_in_browser=True',
              '--KernelSpecManager.ensure_native_kernel=False',
-             f'--LabApp.workspaces_dir={tmp_path / "workspaces"}', '--LabApp.news_url=None'],
+             f'--LabApp.workspaces_dir={home / "workspaces"}', '--LabApp.news_url=None'],
             env=env, stdout=lf, stderr=subprocess.STDOUT, cwd=root)
-    try:
-        base = f'http://127.0.0.1:{port}'
-        wait_for_server(server, f'{base}/api/status?token={token}', log)
-        yield base, token
-    finally:
-        server.terminate()
-        try: server.wait(timeout=15)
-        except subprocess.TimeoutExpired: server.kill(); server.wait()
+    server = Server(f'http://127.0.0.1:{port}', token)
+    try: wait_for_server(proc, f'{server.base}/api/status?token={token}', log)
+    except BaseException: _stop(proc); raise
+    return proc, server
+
+
+def _stop(proc):
+    proc.terminate()
+    try: proc.wait(timeout=15)
+    except subprocess.TimeoutExpired: proc.kill(); proc.wait()
+
+
+_SHARED = {}   # the test process's own JupyterLab, by its root: (process, Server)
+
+
+def _shared_lab(base_temp):
+    "The JupyterLab this test process shares among its tests (started at its first use, stopped at the process's end)."
+    if base_temp not in _SHARED or _SHARED[base_temp][0].poll() is not None:
+        home = base_temp / 'shared-jupyterlab'
+        home.mkdir(exist_ok=True)
+        _SHARED[base_temp] = _start_lab(home, base_temp)
+        atexit.register(_stop, _SHARED[base_temp][0])
+    return _SHARED[base_temp][1]
+
+
+def _end_sessions(server):
+    "Shut down the kernels of the notebooks under `server.prefix` (a shared server outlives the test)."
+    for s in server.api('api/sessions'):
+        if s['path'].startswith(server.prefix): server.api(f"api/sessions/{s['id']}", 'DELETE')
+
+
+@contextmanager
+def lab_server(tmp_path, shared=True):
+    """A JupyterLab serving `tmp_path / 'root'` (write notebooks there); yields a `Server`.
+    `shared`: the test process's one JupyterLab, whose root holds every test's `tmp_path` (pytest's base temporary
+    folder): a server starts in about 5 s of CPU, once a process instead of once a test; the test's notebooks are under
+    `server.prefix`, each page opens in a workspace of its own, and the test's kernels are shut down when it leaves.
+    `shared=False`: a server of its own, for a test that changes the server's kernelspecs; its log is
+    `tmp_path / 'jupyterlab.log'` and it is stopped on exit."""
+    root = tmp_path / 'root'
+    root.mkdir(exist_ok=True)
+    if shared:
+        server = _shared_lab(tmp_path.parent)
+        server = server._replace(prefix=f'{tmp_path.name}/root/')
+        try: yield server
+        finally: _end_sessions(server)
+        return
+    proc, server = _start_lab(tmp_path, root)
+    try: yield server
+    finally: _stop(proc)
 
 
 _KERNEL_IDLE = ("() => { const w = window.jupyterapp && window.jupyterapp.shell.currentWidget;"
@@ -94,17 +146,17 @@ _KERNEL_IDLE = ("() => { const w = window.jupyterapp && window.jupyterapp.shell.
 
 @contextmanager
 def notebook_page(server, notebook, viewport=(1280, 1100), app='lab'):
-    """Headless Chromium showing `notebook` (a name under the server's root) in JupyterLab (`app='lab'`) or Notebook 7
+    """Headless Chromium showing `notebook` (a name in the test's root folder) in JupyterLab (`app='lab'`) or Notebook 7
     (`'notebook7'`), with its kernel started and idle; yields the page."""
-    base, token = server
     with sync_playwright() as pw:
         browser = pw.chromium.launch(executable_path=CHROMIUM, args=[
             '--headless', '--no-sandbox', '--disable-gpu', '--disable-quic', '--no-first-run',
             '--disable-background-networking', '--disable-component-update', '--disable-sync'])
         try:
             page = browser.new_page(viewport={'width': viewport[0], 'height': viewport[1]})
-            route = {'lab': 'lab/tree', 'notebook7': 'notebooks'}[app]
-            page.goto(f'{base}/{route}/{notebook}?token={token}')
+            # a workspace of its own in JupyterLab: a shared server's last one would open the last test's notebooks
+            route = {'lab': f'lab/workspaces/t{secrets.token_hex(4)}/tree', 'notebook7': 'notebooks'}[app]
+            page.goto(f'{server.base}/{route}/{server.prefix}{notebook}?token={server.token}')
             page.wait_for_function(_KERNEL_IDLE, timeout=60_000)
             yield page
         finally:

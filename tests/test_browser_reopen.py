@@ -3,7 +3,7 @@ finder (its widget used: a suggestion picked and applied) and the figures, run i
 Chromium, saved, its kernel shut down and its kernelspec gone; then opened again in JupyterLab and in Jupyter
 Notebook 7. No widget is left in the file, nothing reads "Error displaying widget", every figure is there. The same
 notebook run by nbclient (a kernel, no browser) leaves the same file."""
-import json, os, re, shutil, time, urllib.request
+import json, os, re, shutil, time
 
 import nbformat
 import pytest
@@ -81,11 +81,8 @@ def _reopen(browser, url, width, pngs, shot=None):
 
 
 def _shut_down_kernels(server):
-    base, token = server
-    with urllib.request.urlopen(f'{base}/api/kernels?token={token}') as r: kernels = json.load(r)
-    for k in kernels:
-        req = urllib.request.Request(f"{base}/api/kernels/{k['id']}?token={token}", method='DELETE')
-        urllib.request.urlopen(req).close()
+    kernels = server.api('api/kernels')
+    for k in kernels: server.api(f"api/kernels/{k['id']}", 'DELETE')
     return len(kernels)
 
 
@@ -94,7 +91,7 @@ def test_saved_notebook_reopens_without_its_kernel_in_lab_and_notebook7(tmp_path
     pytest.importorskip('notebook', reason='Jupyter Notebook 7 is not installed: pip install notebook')
     shots = os.environ.get('TNB_SHOTS')
     path = tmp_path / 'root/reopen.ipynb'
-    with lab_server(tmp_path) as server:
+    with lab_server(tmp_path, shared=False) as server:   # (its kernelspec is taken away below)
         write_notebook(path, CELLS)
         with notebook_page(server, 'reopen.ipynb', viewport=(1400, 1000)) as page:
             run_all_cells(page)
@@ -110,7 +107,7 @@ def test_saved_notebook_reopens_without_its_kernel_in_lab_and_notebook7(tmp_path
         shutil.rmtree(tmp_path / 'kprefix/share/jupyter/kernels' / KERNEL)   # no kernel to start on reopening
         pngs = _check_saved(path)
 
-        base, token = server
+        base, token = server.base, server.token
         with sync_playwright() as pw:
             browser = pw.chromium.launch(executable_path=CHROMIUM, args=['--headless', '--no-sandbox', '--disable-gpu'])
             try:
