@@ -65,6 +65,18 @@ def test_usage_errors_exit_1(tmp_path):
         assert 'Traceback' not in r.stderr and 'usage: trainer-nb' in r.stderr
 
 
+def test_help_version_and_usage_errors_answer_without_importing_torch(tmp_path):
+    "The commands import the library's parts when they run: the answers that need none come at once."
+    code = ("import contextlib, io, sys\nfrom trainer_nb.cli import main\n"
+            "for argv in ([], ['--help'], ['train', '--help'], ['search', '--help'], ['--version'], ['tran', 'x.yaml']):\n"
+            "    with contextlib.redirect_stdout(io.StringIO()), contextlib.redirect_stderr(io.StringIO()):\n"
+            "        try: main(argv)\n"
+            "        except SystemExit: pass\n"
+            "print(sorted(m for m in ('torch', 'numpy', 'pandas', 'accelerate', 'matplotlib') if m in sys.modules))")
+    r = run('-c', code, cwd=tmp_path, exe=(sys.executable,))
+    assert r.returncode == 0 and r.stdout.strip() == '[]', (r.stdout, r.stderr[-2000:])
+
+
 @pytest.mark.parametrize('override, says', [
     ('model.hiden=4', "model.hiden: model 'regression_model' has no argument 'hiden' (did you mean 'hidden'?)"),
     ('fit.epoch=2', "Unknown config field fit.'epoch' (did you mean 'epochs'?)"),

@@ -12,14 +12,6 @@ __all__ = ['save_curves', 'run_training']
 
 # %% ../nbs/10_cli.ipynb #60f1d8cc
 import yaml
-from .core import FitStopped, Trainer
-from .recorder import Recorder
-from .checkpoint import Checkpoint, list_checkpoints
-from .registry import ConfigError, RegistryKeyError, apply_overrides, build_trainer
-from .demo import demo_config
-from .progress import fmt_time
-from .runs import compare, labels_of, runs
-from .search import search_config
 
 # %% ../nbs/10_cli.ipynb #10086559
 def _printer(trainer):
@@ -34,6 +26,8 @@ def _main_says(trainer, value):
 
 def _check_fresh(trainer):
     "Refuse a new fit in a run directory that holds checkpoints already (decided by the main process, for all)."
+    from trainer_nb.checkpoint import list_checkpoints
+    from trainer_nb.registry import ConfigError
     c = trainer.config
     if c['run_dir'] is None or c['checkpoint'] is False or c['fit']['resume'] is not None: return
     msg = None
@@ -44,9 +38,10 @@ def _check_fresh(trainer):
     if msg: raise ConfigError(msg)
 
 # %% ../nbs/10_cli.ipynb #3ba9fccc
-def save_curves(trainer: Trainer, path) -> Path:
-    "The training loss and the learning rate per step (the trainer's `Recorder`), side by side, as a PNG at `path`."
+def save_curves(trainer, path) -> Path:
+    "The training loss and the learning rate per step (`trainer`'s `Recorder`), side by side, as a PNG at `path`."
     from matplotlib.figure import Figure
+    from trainer_nb.recorder import Recorder
     rec = trainer.get_hook(Recorder)
     fig = Figure(figsize=(10, 3.5), dpi=100, layout='constrained')
     ax_loss, ax_lr = fig.subplots(1, 2)
@@ -55,9 +50,10 @@ def save_curves(trainer: Trainer, path) -> Path:
     fig.savefig(path)
     return Path(path)
 
-def _save_outputs(trainer: Trainer, run_dir: Path) -> list[str]:
+def _save_outputs(trainer, run_dir: Path) -> list[str]:
     """Write `history.csv` (the history, its `time` in seconds) and `loss_lr.png` (when the trainer has a `Recorder`);
     the names of the files written."""
+    from trainer_nb.recorder import Recorder
     if not any(isinstance(h, Recorder) for h in trainer.hooks): return []
     run_dir.mkdir(parents=True, exist_ok=True)
     h = trainer.history
@@ -68,7 +64,7 @@ def _save_outputs(trainer: Trainer, run_dir: Path) -> list[str]:
 # %% ../nbs/10_cli.ipynb #104bc3eb
 def _fmt(v) -> str: return f"{v:.4f}" if isinstance(v, float) else str(v)
 
-def _find_lr(trainer: Trainer, say, run_dir: Path | None, plot=None):
+def _find_lr(trainer, say, run_dir: Path | None, plot=None):
     "Run the LR finder as the config says (the trainer's LR becomes its suggestion), print and plot it; return it."
     args = dict(trainer.config['lr_find'])
     which = args.pop('suggestion', None)
@@ -84,9 +80,11 @@ def _find_lr(trainer: Trainer, say, run_dir: Path | None, plot=None):
     return lr
 
 # %% ../nbs/10_cli.ipynb #394a4c46
-def run_training(cfg, overrides=()) -> tuple[Trainer, dict]:
+def run_training(cfg, overrides=()) -> tuple:
     """Build the trainer of config `cfg` (with `key=value` overrides), find the LR if `fit.lr` is 'find', fit,
     evaluate, and write the run directory; returns the trainer and the validation results."""
+    from trainer_nb.checkpoint import Checkpoint
+    from trainer_nb.registry import build_trainer
     t = build_trainer(cfg, overrides)
     c, say = t.config, _printer(t)
     run_dir = None if c['run_dir'] is None else Path(c['run_dir'])
@@ -191,6 +189,7 @@ def _search_workers(a) -> int:
 
 def _search(a) -> int:
     if a.workers > 1: return _search_workers(a)
+    from trainer_nb.search import search_config
     s = search_config(a.config, a.overrides, a.trials, a.storage, a.study)
     if s.group is not None and not s.group.is_main_process: return 0   # (a launch: the main process tells)
     import pandas as pd
@@ -208,12 +207,14 @@ def _train(a) -> int:
     return 0
 
 def _lr_find(a) -> int:
+    from trainer_nb.registry import build_trainer
     t = build_trainer(a.config, a.overrides)
     run_dir = None if t.config['run_dir'] is None else Path(t.config['run_dir'])
     _find_lr(t, _printer(t), run_dir, a.plot or (None if run_dir is not None else 'lr_find.png'))
     return 0
 
 def _describe(a) -> int:
+    from trainer_nb.registry import build_trainer
     t = build_trainer(a.config, a.overrides)
     c, say = t.config, _printer(t)
     n = sum(p.numel() for p in t.unwrapped_model.parameters())
@@ -231,6 +232,8 @@ def _describe(a) -> int:
     return 0
 
 def _demo(a) -> int:
+    from trainer_nb.demo import demo_config
+    from trainer_nb.registry import apply_overrides
     if a.print_config:
         print(yaml.safe_dump(apply_overrides(demo_config(), a.overrides), sort_keys=False), end='')
         return 0
@@ -244,6 +247,8 @@ def _demo(a) -> int:
 
 def _runs(a) -> int:
     import pandas as pd
+    from trainer_nb.progress import fmt_time
+    from trainer_nb.runs import runs
     with warnings.catch_warnings(record=True):   # (the notes are printed below, on stderr)
         warnings.simplefilter('always')
         df = runs(a.dir, kernel=False)
@@ -256,6 +261,7 @@ def _runs(a) -> int:
     return 0
 
 def _compare(a) -> int:
+    from trainer_nb.runs import compare, labels_of
     c = compare(*a.runs, metric=a.metric, x=a.x)
     print(f"wrote {c.save(a.output, column=a.narrow)}: {', '.join(labels_of(c.records))}")
     return 0
@@ -280,6 +286,8 @@ def main(argv=None) -> int:
     if a.command is None:
         p.print_help(sys.stderr)
         return 1
+    from trainer_nb.core import FitStopped   # (a command's needs: imported once it is known that one runs)
+    from trainer_nb.registry import ConfigError, RegistryKeyError
     undo = _handle_sigterm()
     try: return _COMMANDS[a.command](a)
     except (ConfigError, RegistryKeyError) as e:
