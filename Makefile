@@ -23,21 +23,24 @@ test-nbs: $(VENV)/.installed
 	$(BIN)/python tools/build_docs.py --run-only
 
 # pytest-xdist: WORKERS processes share out the test files (a file's tests in one process: its module fixtures made
-# once, the docs build among them); then the tests marked `serial` run alone: a test that loads the machine itself
+# once, the docs build among them), the longest files first (tests/conftest.py's FIRST; xdist's own order, the files
+# with most tests first, is turned off); then the tests marked `serial` run alone: a test that loads the machine itself
 # (see tests/conftest.py); each worker, and what it starts, takes its share of the cores for PyTorch's threads
 WORKERS ?= 2
+# the files that hold tests marked `serial` (collecting every file again would take 15-20 s)
+SERIAL_FILES = $(shell grep -l 'pytest.mark.serial' tests/test_*.py)
 PYTEST_FLAGS ?= -q -p no:cacheprovider --durations=20
 
 test-py: $(VENV)/.installed
-	$(BIN)/pytest $(PYTEST_FLAGS) -n $(WORKERS) --dist loadfile -m 'not serial' tests
-	$(BIN)/pytest $(PYTEST_FLAGS) -m serial tests
+	$(BIN)/pytest $(PYTEST_FLAGS) -n $(WORKERS) --dist loadfile --no-loadscope-reorder -m 'not serial' tests
+	$(BIN)/pytest $(PYTEST_FLAGS) -m serial $(SERIAL_FILES)
 
 # between commits (a few minutes): the loop, hooks, resume and checkpoints, the recorded numbers, export sync and
 # code quality; tests marked `slow` (a minute or more each) are left to `make test`
 QUICK = test_loop test_short_path test_recorder test_schedule test_accum test_checkpoint test_resume_loud test_stop \
         test_best_weights test_eval test_seed test_ema test_plateau test_sync test_code_quality
 test-quick: $(VENV)/.installed
-	$(BIN)/pytest $(PYTEST_FLAGS) -n $(WORKERS) --dist loadfile -m 'not serial and not slow' \
+	$(BIN)/pytest $(PYTEST_FLAGS) -n $(WORKERS) --dist loadfile --no-loadscope-reorder -m 'not serial and not slow' \
 		$(foreach t,$(QUICK),$(wildcard tests/$(t).py))
 
 install: $(VENV)/.installed
