@@ -74,7 +74,7 @@ class Server(NamedTuple):
 
 
 def _start_lab(home, root):
-    "Start a JupyterLab serving `root`, its settings and kernelspec in `home`; returns `(process, Server)` once it answers."
+    "A JupyterLab serving `root`, its settings and kernelspec in `home`: `(process, Server)` once it answers."
     env = jupyter_env(home)
     port, token = free_port(), secrets.token_hex(16)
     log = home / 'jupyterlab.log'

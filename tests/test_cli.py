@@ -68,7 +68,8 @@ def test_usage_errors_exit_1(tmp_path):
 def test_help_version_and_usage_errors_answer_without_importing_torch(tmp_path):
     "The commands import the library's parts when they run: the answers that need none come at once."
     code = ("import contextlib, io, sys\nfrom trainer_nb.cli import main\n"
-            "for argv in ([], ['--help'], ['train', '--help'], ['search', '--help'], ['--version'], ['tran', 'x.yaml']):\n"
+            "for argv in ([], ['--help'], ['train', '--help'], ['search', '--help'], ['--version'],\n"
+            "             ['tran', 'x.yaml']):\n"
             "    with contextlib.redirect_stdout(io.StringIO()), contextlib.redirect_stderr(io.StringIO()):\n"
             "        try: main(argv)\n"
             "        except SystemExit: pass\n"
