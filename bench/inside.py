@@ -15,9 +15,9 @@ repetition (the median over repetitions, and its quartiles), and B the ratio of 
   without it.
 - `LayerStats every=N`: the fit with the hook (sampling every N optimizer steps) against the same fit without it.
 
-`--check-share`: the gradients' check (`grads_finite`) timed alone, beside the step it guards (forward, backward and
-SGD's step of the same model and batch), interleaved, in blocks of 50 calls: the medians over the repetitions, their
-range, and the check's share of a step.
+`--check-share`: the gradients' check (the loop's `GradCheck`) timed alone, beside the step it guards (forward,
+backward and SGD's step, or AdamW's, of the same model and batch), interleaved, in blocks of 50 calls: the medians over
+the repetitions, their range, and the check's share of a step.
 """
 import argparse, statistics, time, warnings
 import torch, torch.nn as nn, torch.nn.functional as F
@@ -78,17 +78,26 @@ def compare(kind, contenders, steps, reps):
     return out
 
 def check_share(kind, reps, block=50):
-    "Per call, in us, medians and ranges over `reps` interleaved blocks: the step, and the check of its gradients."
-    from trainer_nb.inside import grads_finite
+    """Per call, in us, medians and ranges over `reps` interleaved blocks: the step (forward, backward and the step of
+    SGD, and of AdamW: the trainer's default), and the check of its gradients as the loop makes it (a `GradCheck` made
+    once; on a tree from before it, `grads_finite` called each time)."""
     model, batches = make(kind, 1)
     x, y = batches[0]
-    opt = torch.optim.SGD(model.parameters(), lr=0.01)
-    def step():
-        opt.zero_grad(set_to_none=False)
-        F.cross_entropy(model(x), y).backward()
-        opt.step()
     params = list(model.parameters())
-    parts = {'step': step, 'grads_finite': lambda: grads_finite(params)}
+    try:
+        from trainer_nb.inside import GradCheck
+        check = GradCheck(params)
+    except ImportError:
+        from trainer_nb.inside import grads_finite
+        check = lambda: grads_finite(params)
+    def stepper(opt):
+        def step():
+            opt.zero_grad(set_to_none=False)
+            F.cross_entropy(model(x), y).backward()
+            opt.step()
+        return step
+    parts = {'SGD step': stepper(torch.optim.SGD(params, lr=0.01)),
+             'AdamW step': stepper(torch.optim.AdamW(params, lr=1e-4)), 'check': check}
     times = {n: [] for n in parts}
     for f in parts.values(): f()   # warm up
     for r in range(reps):
@@ -96,12 +105,13 @@ def check_share(kind, reps, block=50):
             t = time.perf_counter()
             for _ in range(block): f()
             times[n].append((time.perf_counter() - t) / block * 1e6)
-    st = statistics.median(times['step'])
-    print(f"{kind} step: {st:.0f} us ({min(times['step']):.0f}-{max(times['step']):.0f})")
-    ts = times['grads_finite']
-    shares = sorted(c / s * 100 for c, s in zip(ts, times['step']))
-    print(f"{kind} grads_finite: {statistics.median(ts):.1f} us ({min(ts):.1f}-{max(ts):.1f}): "
-          f"{statistics.median(shares):.2f}% of a step ({shares[0]:.2f}-{shares[-1]:.2f}% by repetition)", flush=True)
+    ts = times['check']
+    print(f"{kind} the gradients' check: {statistics.median(ts):.1f} us ({min(ts):.1f}-{max(ts):.1f})")
+    for n in ('SGD step', 'AdamW step'):
+        st = times[n]
+        shares = sorted(c / s * 100 for c, s in zip(ts, st))
+        print(f"{kind} {n}: {statistics.median(st):.0f} us ({min(st):.0f}-{max(st):.0f}); the check "
+              f"{statistics.median(shares):.2f}% of it ({shares[0]:.2f}-{shares[-1]:.2f}% by repetition)", flush=True)
 
 def main():
     ap = argparse.ArgumentParser()

@@ -95,10 +95,10 @@ class Poison(nn.Module):
     def forward(self, h): return _NaNGrad.apply(h, self.armed)
 
 class Marked(nn.Module):
-    def __init__(self):
+    def __init__(self, width=8):
         super().__init__()
-        torch.manual_seed(0)
-        self.body, self.poison, self.head = nn.Linear(5, 8), Poison(), nn.Linear(8, 1)
+        torch.manual_seed(0)   # (wide: `body` without a bias, so that its weight alone holds the NaN)
+        self.body, self.poison, self.head = nn.Linear(5, width, bias=width == 8), Poison(), nn.Linear(width, 1)
     def forward(self, x):
         self.poison.armed = bool((x[:, 0] == 99.).any())
         return self.head(self.poison(torch.tanh(self.body(x))))
@@ -111,14 +111,16 @@ def marked_ds(row=9):
 
 
 @pytest.mark.usefixtures('on_the_cpu')
-@pytest.mark.parametrize('kw', [{}, {'max_grad_norm': 1.0}, {'grad_accum': 2}, {'hooks': 'keep'}],
-                         ids=['default', 'max_grad_norm', 'grad_accum', 'general_path'])
+@pytest.mark.parametrize('kw', [{}, {'max_grad_norm': 1.0}, {'grad_accum': 2}, {'hooks': 'keep'}, {'width': 16384}],
+                         ids=['default', 'max_grad_norm', 'grad_accum', 'general_path', 'large_gradient'])
 def test_a_gradient_made_non_finite_is_caught_at_its_own_batch(kw):
     """A finite loss whose backward pass makes NaN (in `poison`) at batch 3: caught there by default, before the
-    optimizer step (by the clipped norm with `max_grad_norm`; at its own micro-batch when accumulating), the module
-    named, the weights and the optimizer's state bitwise as before that batch."""
+    optimizer step (by the clipped norm with `max_grad_norm`; at its own micro-batch when accumulating; by the sum that
+    reads a large gradient, `body`'s weight of 81,920 elements, with `width`), the module named, the weights and the optimizer's
+    state bitwise as before that batch."""
     kw = dict(kw, hooks=[Keep(at=2)]) if kw.get('hooks') else kw   # (a before_batch hook: the general path)
-    t = Trainer(Marked(), DataLoader(marked_ds(), batch_size=4), loss_func=F.mse_loss, opt_func=torch.optim.AdamW,
+    width = kw.pop('width', 8)
+    t = Trainer(Marked(width), DataLoader(marked_ds(), batch_size=4), loss_func=F.mse_loss, opt_func=torch.optim.AdamW,
                 default_hooks=False, **kw)
     w = []   # the weights and the optimizer's state as each training forward pass begins
 

@@ -26,7 +26,7 @@ from .recorder import Recorder
 from .progress import Progress
 from .liveplot import LivePlot
 from .hooks import CompileTimer, Timing
-from .inside import NonFiniteError, NonFiniteOrigin, find_non_finite, grads_finite
+from .inside import GradCheck, NonFiniteError, NonFiniteOrigin, find_non_finite
 from .checkpoint import checkpoint_hooks, close_runs, resume_plan
 from .lr_find import lr_find
 from .trackers import Trackers
@@ -192,7 +192,7 @@ class Trainer(Loop):
         "The error for a batch whose loss (or gradients) is not finite, saying where that started (`inside`)."
         return _non_finite_at(self, batch, what)
 
-    _grads_finite = staticmethod(grads_finite)
+    _grad_check = GradCheck
 
     # ---- the features, one line each ----
     @_background_door

@@ -38,7 +38,7 @@ class Loop(Controls, HookSet, TrainerState, Forward, Evaluation, Devices):
     (`trainer_nb.base.Hook`)."""
     # what the features give the loop, set by `trainer_nb.core.Trainer` (the loop imports none of them)
     _non_finite_here = None   # `(batch, what) -> error`: a non-finite loss or gradients, where it started (`inside`)
-    _grads_finite = None      # `(grads) -> bool`: are they all finite (`nan_policy='raise_grads'`; `inside`)
+    _grad_check = None        # `(params) -> check`: `check()` says if their gradients are finite (`inside`)
 
     def _init_loop(self):
         "The loop's own state before any fit (the constructor calls it once the model and optimizers are made)."
@@ -202,7 +202,7 @@ class Loop(Controls, HookSet, TrainerState, Forward, Evaluation, Devices):
                     pending.append(kept)
                     if check and not math.isfinite(kept): raise self._non_finite_here(batch, 'loss')
                     backward(loss)
-                    if grads and not grads_finite(grads): raise self._non_finite_here(batch, 'gradient')
+                    if grads and not grads_finite(): raise self._non_finite_here(batch, 'gradient')
                     due = True
                     if lean: self.preds = self.out = out = preds = None   # (not alive through the step: a lean step)
                 except CancelBatch:   # (from the model or the loss function)
@@ -255,7 +255,7 @@ class Loop(Controls, HookSet, TrainerState, Forward, Evaluation, Devices):
                 p.backward(loss if p.items is None else p.items.weigh(loss))
                 self._backward_done = True
                 if calls['after_backward']: calls.run('after_backward')
-                if p.grads and not p.grads_finite(p.grads): raise self._non_finite_here(batch, 'gradient')
+                if p.grads and not p.grads_finite(): raise self._non_finite_here(batch, 'gradient')
                 due = p.every_batch or self.sync_gradients
             if p.lean: self.preds = self.out = None   # (not alive through the step: a lean step)
         except CancelBatch:
@@ -404,7 +404,7 @@ class _Plain:
         self.norm_check = grads and self.every_batch and t.max_grad_norm is not None
         grads = grads and not (self.norm_check and _inherited(t, 'optimizer_step'))
         self.grads = [p for p in t.model.parameters() if p.requires_grad] if grads else None
-        self.grads_finite = t._grads_finite   # (read only when `grads`: where they are checked)
+        self.grads_finite = t._grad_check(self.grads) if grads else None   # (made once a fit)
         self.skip, self.manual, self.sync_every = t.nan_policy == 'skip', t.manual, t.sync_every
         self.scaler = acc.scaler
         self.schedulers = tuple(t.schedulers.values())
