@@ -35,6 +35,7 @@ class _Sweep(Hook):
         self.sched, self.ratios, self.div, self.bar, self.skip = lrs, ratios, div, bar, skip
         self.lrs, self.raw, self.smooth, self.smoother = [], [], [], Smoother(beta)
         self.best, self.acc, self.n, self.stop, self.epoch_points = math.inf, None, 0, None, 0
+        self.low, self.settle = math.inf, max(2, len(lrs) // 10)   # the first tenth: div**2 times `low` (see above)
         self.error = None   # the `NonFiniteError` that ended it, if one did
 
     def before_epoch(self): self.epoch_points = 0
@@ -70,10 +71,13 @@ class _Sweep(Hook):
         if not math.isfinite(loss): self._stop(f'the loss became NaN or infinite at LR {lr_text(lr)}')
         smooth = float(self.smoother.update([loss])[-1])
         self.smooth.append(smooth)
-        if len(self.lrs) > 1: self.best = min(self.best, smooth)   # not one batch's loss alone (see above)
-        if self.best > 0 and smooth > self.div * self.best:   # a ratio to a best <= 0 means nothing (see above)
-            self._stop(f'the smoothed loss exceeded {self.div:g}x its best at LR {lr_text(lr)} '
-                       f'({smooth:.3g} > {self.div:g} x {self.best:.3g})')
+        n = len(self.lrs)
+        if n > 1: self.low = min(self.low, smooth)   # not one batch's loss alone (see above)
+        if n >= self.settle: self.best = min(self.best, smooth)   # a running mean of more than a few batches
+        best, div = (self.best, self.div) if n >= self.settle else (self.low, self.div ** 2)
+        if best > 0 and smooth > div * best:   # a ratio to a best <= 0 means nothing (see above)
+            self._stop(f'the smoothed loss exceeded {div:g}x its best at LR {lr_text(lr)} '
+                       f'({smooth:.3g} > {div:g} x {best:.3g})')
         if len(self.lrs) == len(self.sched): self._stop('done')
 
     def after_batch(self):
