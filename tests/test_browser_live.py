@@ -43,10 +43,15 @@ RECORD = """() => {
 }"""
 
 
+# a CPU-bound loop that ends when its parent, whose pid it is given (read there, it could be read too late), is gone
+BUSY = "import os\nwhile os.getppid() == {pid}:\n    for _ in range(1_000_000): pass"
+
+
 @contextmanager
 def busy(n=2):
-    "`n` CPU-bound processes beside the test, as a laptop is when the browser, the kernel and training share it."
-    procs = [subprocess.Popen([sys.executable, '-c', 'while True: pass']) for _ in range(n)]
+    """`n` CPU-bound processes beside the test, as a laptop is when the browser, the kernel and training share it; each
+    ends by itself when the test's process is gone (killed, its `finally` not run), not left spinning."""
+    procs = [subprocess.Popen([sys.executable, '-c', BUSY.format(pid=os.getpid())]) for _ in range(n)]
     try: yield
     finally:
         for p in procs: p.kill()
