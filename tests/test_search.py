@@ -345,3 +345,23 @@ def test_a_search_launched_on_two_processes_trains_each_trial_on_both(tmp_path):
     assert all(t.intermediate_values for t in trials)
     done = [t for t in trials if t.state.name == 'COMPLETE']
     assert done and all(max(t.intermediate_values) == 12 for t in done)  # 2 epochs of 6 steps each on 2 processes
+
+
+def test_a_lock_a_killed_search_left_is_broken(tmp_path, monkeypatch):
+    """A search SIGKILLed while it wrote its journal leaves the journal's lock (a symlink) behind: the next one on the
+    study waits Optuna's grace period (30 s) and goes on. The symlink pointed at the journal's path relative to the
+    working folder, which a symlink reads from its own folder: the next search spun on the lock for ever."""
+    import threading
+    from trainer_nb.search import open_storage
+    monkeypatch.chdir(tmp_path)
+    path = Path('runs/stale/study.journal')   # relative, as a config's run folder is
+    held = open_storage(path, path)
+    held._backend._lock.acquire()   # taken and never released: what a process killed while writing leaves
+    target = os.path.join(path.parent, os.readlink(f'{path}.lock'))   # (a symlink's target: from its own folder)
+    assert os.path.isfile(target), target
+    made = []
+    worker = threading.Thread(target=lambda: made.append(optuna.create_study(
+        storage=open_storage(path, path), study_name='stale')), daemon=True)
+    worker.start()
+    worker.join(180)
+    assert not worker.is_alive() and made and made[0].study_name == 'stale'

@@ -97,7 +97,9 @@ def open_storage(storage, default: Path):
     path = Path(default if storage is None else storage)
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
-        return optuna.storages.JournalStorage(JournalFileBackend(str(path)))
+        # absolute: the file's lock is a symlink to it, and a relative target (read from the symlink's folder) made
+        # Optuna spin forever on a lock a killed process left, instead of breaking it after its grace period (30 s)
+        return optuna.storages.JournalStorage(JournalFileBackend(str(path.resolve())))
     except OSError as e: raise ValueError(f"storage {str(path)!r} can't be opened: {e}") from None
 
 @contextlib.contextmanager
