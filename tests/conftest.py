@@ -30,6 +30,8 @@ def pytest_configure(config):
     global _WORKER
     config.addinivalue_line('markers', 'slow: long (a minute or more here), or one of several variants of a long test: '
                                        'left out of make test-quick, run by make test')
+    config.addinivalue_line('markers', 'browser: drives headless Chromium (jupyter_lab.needs_browser): the Chromium '
+                                       'shared by such tests stays open until a test without the mark')
     config.addinivalue_line('markers', 'serial: must not share the machine with other tests (make test-py runs it '
                                        'after the parallel part, alone)')
     _WORKER = hasattr(config, 'workerinput')   # (under pytest-xdist the controller writes what its workers report)
@@ -74,6 +76,12 @@ def pytest_collection_modifyitems(config, items):
     "The longest files first (stable: the order within a file is kept)."
     rank = {name: i for i, name in enumerate(FIRST)}
     items.sort(key=lambda it: rank.get(it.path.name, len(FIRST)))
+
+
+def pytest_runtest_setup(item):
+    "A test not marked `browser` closes the Chromium the tests before it shared (see jupyter_lab.shared_browser)."
+    if item.get_closest_marker('browser') is None and 'jupyter_lab' in sys.modules:
+        sys.modules['jupyter_lab'].close_browser()
 
 
 def pytest_runtest_logreport(report):

@@ -17,7 +17,9 @@ except ImportError:
 
 
 def needs_browser(test):
-    "Skip `test` when Playwright or Chromium is missing."
+    """Skip `test` when Playwright or Chromium is missing; mark it `browser` (the shared Chromium stays open from one
+    such test to the next, see `shared_browser`)."""
+    test = pytest.mark.browser(test)
     test = pytest.mark.skipif(sync_playwright is None,
                               reason="playwright (Python package) is not installed: pip install playwright")(test)
     return pytest.mark.skipif(not os.path.exists(CHROMIUM), reason=f"{CHROMIUM} is missing: apt-get install -y chromium")(test)
@@ -144,23 +146,52 @@ _KERNEL_IDLE = ("() => { const w = window.jupyterapp && window.jupyterapp.shell.
                 " return !!k && k.status === 'idle'; }")
 
 
+# what the tests' Chromium is started with (headless; no GPU, sandbox, QUIC, first-run page, extensions or traffic of
+# its own)
+ARGS = ['--headless', '--no-sandbox', '--disable-gpu', '--disable-quic', '--no-first-run',
+        '--disable-background-networking', '--disable-component-update', '--disable-sync',
+        '--disable-default-apps', '--disable-extensions']
+_BROWSER = {}   # the test process's Playwright driver ('pw') and its one Chromium ('browser')
+
+
+def close_browser():
+    "Close the shared Chromium and stop its Playwright driver, if they run."
+    pw, browser = _BROWSER.pop('pw', None), _BROWSER.pop('browser', None)
+    try:
+        if browser is not None and browser.is_connected(): browser.close()
+    finally:
+        if pw is not None: pw.stop()
+
+
+atexit.register(close_browser)
+
+
+def shared_browser():
+    """Headless Chromium shared by the tests marked `browser` (`needs_browser`) that run one after another in a test
+    process: a Playwright driver and a Chromium start in about 2 s of CPU, once for such a run of tests instead of
+    once a page. Open pages with `browser.new_page(...)`: each is in a context of its own (its own cookies, storage
+    and cache, as a fresh browser's), closed with the page. The next test not marked `browser` closes it
+    (`tests/conftest.py`): Playwright's synchronous API keeps an asyncio loop marked running while it is started,
+    where `asyncio.run` (nbclient's, say) would refuse to start."""
+    if 'pw' not in _BROWSER: _BROWSER['pw'] = sync_playwright().start()
+    if _BROWSER.get('browser') is None or not _BROWSER['browser'].is_connected():
+        _BROWSER['browser'] = _BROWSER['pw'].chromium.launch(executable_path=CHROMIUM, args=ARGS)
+    return _BROWSER['browser']
+
+
 @contextmanager
 def notebook_page(server, notebook, viewport=(1280, 1100), app='lab'):
     """Headless Chromium showing `notebook` (a name in the test's root folder) in JupyterLab (`app='lab'`) or Notebook 7
-    (`'notebook7'`), with its kernel started and idle; yields the page."""
-    with sync_playwright() as pw:
-        browser = pw.chromium.launch(executable_path=CHROMIUM, args=[
-            '--headless', '--no-sandbox', '--disable-gpu', '--disable-quic', '--no-first-run',
-            '--disable-background-networking', '--disable-component-update', '--disable-sync'])
-        try:
-            page = browser.new_page(viewport={'width': viewport[0], 'height': viewport[1]})
-            # a workspace of its own in JupyterLab: a shared server's last one would open the last test's notebooks
-            route = {'lab': f'lab/workspaces/t{secrets.token_hex(4)}/tree', 'notebook7': 'notebooks'}[app]
-            page.goto(f'{server.base}/{route}/{server.prefix}{notebook}?token={server.token}')
-            page.wait_for_function(_KERNEL_IDLE, timeout=60_000)
-            yield page
-        finally:
-            browser.close()
+    (`'notebook7'`), with its kernel started and idle; yields the page (closed on exit)."""
+    page = shared_browser().new_page(viewport={'width': viewport[0], 'height': viewport[1]})
+    try:
+        # a workspace of its own in JupyterLab: a shared server's last one would open the last test's notebooks
+        route = {'lab': f'lab/workspaces/t{secrets.token_hex(4)}/tree', 'notebook7': 'notebooks'}[app]
+        page.goto(f'{server.base}/{route}/{server.prefix}{notebook}?token={server.token}')
+        page.wait_for_function(_KERNEL_IDLE, timeout=60_000)
+        yield page
+    finally:
+        page.close()
 
 
 def run_all_cells(page):

@@ -9,8 +9,8 @@ import nbformat
 import pytest
 
 from conftest import REPO
-from jupyter_lab import (CHROMIUM, KERNEL, lab_server, needs_browser, notebook_page, output_texts, run_all_cells,
-                         sync_playwright, wait_for_text, write_notebook)
+from jupyter_lab import (KERNEL, lab_server, needs_browser, notebook_page, output_texts, run_all_cells, shared_browser,
+                         wait_for_text, write_notebook)
 
 WIDGET = 'application/vnd.jupyter.widget-view+json'
 CELLS = [f"""\
@@ -108,15 +108,11 @@ def test_saved_notebook_reopens_without_its_kernel_in_lab_and_notebook7(tmp_path
         pngs = _check_saved(path)
 
         base, token = server.base, server.token
-        with sync_playwright() as pw:
-            browser = pw.chromium.launch(executable_path=CHROMIUM, args=['--headless', '--no-sandbox', '--disable-gpu'])
-            try:
-                seen = {name: _reopen(browser, f'{base}/{route}/reopen.ipynb?token={token}', width, pngs,
-                                      shot=shots and f'{shots}/reopened_{name}.png')
-                        for name, route, width in [('lab_1400', 'lab/tree', 1400), ('nb7_1400', 'notebooks', 1400),
-                                                   ('nb7_420', 'notebooks', 420)]}
-            finally:
-                browser.close()
+        browser = shared_browser()
+        seen = {name: _reopen(browser, f'{base}/{route}/reopen.ipynb?token={token}', width, pngs,
+                              shot=shots and f'{shots}/reopened_{name}.png')
+                for name, route, width in [('lab_1400', 'lab/tree', 1400), ('nb7_1400', 'notebooks', 1400),
+                                           ('nb7_420', 'notebooks', 420)]}
     for name, s in seen.items():
         assert 'Error displaying widget' not in s['text'] and 'model not found' not in s['text'], (name, s['text'])
         # every picture of the file is shown (the LR finder's record carries its plot twice: as HTML and as PNG)

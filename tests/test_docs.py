@@ -12,7 +12,7 @@ from urllib.parse import urlsplit, unquote
 
 import pytest
 
-from jupyter_lab import CHROMIUM, needs_browser, sync_playwright
+from jupyter_lab import needs_browser, shared_browser
 
 ROOT = Path(__file__).resolve().parent.parent
 # (one file: under make test-py's pytest-xdist, a file's tests run in one process, so the session's docs build, which
@@ -152,10 +152,6 @@ def test_readme_links_resolve():
 
 # ---- the site in a browser ----
 
-ARGS = ['--headless', '--no-sandbox', '--disable-gpu', '--disable-quic', '--no-first-run',
-        '--disable-background-networking', '--disable-component-update', '--disable-sync',
-        '--disable-default-apps', '--disable-extensions']
-
 
 class _Quiet(http.server.SimpleHTTPRequestHandler):
     def log_message(self, *args): pass
@@ -174,14 +170,12 @@ def site(docs_site):
 def browser(site):
     "A page in headless Chromium, and the list of every URL it requested."
     base, _ = site
-    with sync_playwright() as pw:
-        b = pw.chromium.launch(executable_path=CHROMIUM, args=ARGS)
-        try:
-            page = b.new_page(viewport={'width': 1280, 'height': 900})
-            requests = []
-            page.on('request', lambda r: requests.append(r.url))
-            yield page, requests
-        finally: b.close()
+    page = shared_browser().new_page(viewport={'width': 1280, 'height': 900})
+    try:
+        requests = []
+        page.on('request', lambda r: requests.append(r.url))
+        yield page, requests
+    finally: page.close()
 
 
 def _open(page, url):
