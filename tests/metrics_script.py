@@ -4,10 +4,12 @@
 (KIND 'streaming') or a plain function ('plain'), and write the result and the peak growth of resident memory.
 `python metrics_script.py lm_memory OUT`: `predict` a tiny GPT-2 over 256 sequences x 64 tokens x 8,000 words with
 `preprocess_preds=argmax`, and write the peak growth of resident memory.
-`[accelerate launch ...] metrics_script.py MODE OUT` with MODE 'dist', 'cls' or 'lm': each process writes what it
-evaluated to OUT/rank<i>.json (see each function).
+`[accelerate launch ...] metrics_script.py MODES OUT` with MODES one or more of 'dist', 'cls' and 'lm', joined by
+commas: each process runs each of them in turn and writes what it evaluated to OUT/<mode>/rank<i>.json (see each
+function).
 """
 import json
+import os
 import sys
 
 import torch
@@ -171,4 +173,7 @@ if __name__ == '__main__':
     mode = sys.argv[1]
     if mode == 'memory': memory(int(sys.argv[2]), sys.argv[3], sys.argv[4])
     elif mode == 'lm_memory': lm_memory(sys.argv[2])
-    else: {'dist': dist, 'cls': cls, 'lm': lm}[mode](sys.argv[2])
+    else:
+        for m in mode.split(','):
+            os.makedirs(f'{sys.argv[2]}/{m}', exist_ok=True)
+            {'dist': dist, 'cls': cls, 'lm': lm}[m](f'{sys.argv[2]}/{m}')

@@ -197,21 +197,32 @@ run_dir: runs/{name}
 """
 
 
+def _launch_kill_config(d, *overrides):
+    "`accelerate launch` of 2 processes training KILL_CONFIG in `d`, with `overrides`: the process."
+    cmd = [str(VENV_BIN / 'accelerate'), 'launch', '--multi_gpu', '--mixed_precision', 'no', '--dynamo_backend', 'no',
+           '--num_processes', '2', '--num_machines', '1', '--main_process_port', str(free_port()),
+           '-m', 'trainer_nb', 'train', 'kill.yaml', *overrides]
+    return subprocess.Popen(cmd, cwd=d, env=_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+
+
+@pytest.fixture(scope='module')
+def whole_run(tmp_path_factory):
+    "The run of KILL_CONFIG never interrupted, on 2 processes: the folder of each rank's final weights."
+    d = _workdir(tmp_path_factory, 'whole')
+    (d / 'kill.yaml').write_text(KILL_CONFIG)
+    _finish(_launch_kill_config(d, 'hooks.0.out=weights_whole', 'run_dir=runs/whole'))
+    return d / 'weights_whole'
+
+
 @pytest.mark.skipif(sys.platform != 'linux', reason="finds the workers' ranks in /proc")
 @pytest.mark.parametrize('victim', [1, 0])
-def test_a_rank_killed_mid_epoch_ends_the_job_and_the_run_resumes_exactly(tmp_path_factory, victim):
+def test_a_rank_killed_mid_epoch_ends_the_job_and_the_run_resumes_exactly(tmp_path_factory, whole_run, victim):
     """SIGKILL one rank of a 2-process run mid-epoch: the job ends (no rank left waiting in a collective), non-zero,
     naming the rank that died; `fit.resume=last` then ends with the weights of a run never interrupted."""
     import psutil
     d = _workdir(tmp_path_factory, f'killed{victim}')
     (d / 'kill.yaml').write_text(KILL_CONFIG)
-    def launch(*overrides):
-        cmd = [str(VENV_BIN / 'accelerate'), 'launch', '--multi_gpu', '--mixed_precision', 'no', '--dynamo_backend',
-               'no', '--num_processes', '2', '--num_machines', '1', '--main_process_port', str(free_port()),
-               '-m', 'trainer_nb', 'train', 'kill.yaml', *overrides]
-        return subprocess.Popen(cmd, cwd=d, env=_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    whole = launch('hooks.0.out=weights_whole', 'run_dir=runs/whole')
-    _finish(whole)
+    def launch(*overrides): return _launch_kill_config(d, *overrides)
     # mid-epoch 1 (16 steps an epoch), slowed down from there so that the kill surely lands mid-fit
     p = launch('run_dir=runs/killed', 'hooks=[{type: SaveWeights, out: weights_killed}, '
                '{type: Pause, at_step: 21, sleep: 0.05}]')
@@ -237,6 +248,6 @@ def test_a_rank_killed_mid_epoch_ends_the_job_and_the_run_resumes_exactly(tmp_pa
     assert cks and 20 <= int(cks[-1][5:]) < 48, cks
     _finish(launch('run_dir=runs/killed', 'fit.resume=last', 'hooks.0.out=weights_resumed'))
     for r in (0, 1):
-        a, b = (torch.load(d / w / f'rank{r}.pt', weights_only=False) for w in ('weights_resumed', 'weights_whole'))
+        a, b = (torch.load(w / f'rank{r}.pt', weights_only=False) for w in (d / 'weights_resumed', whole_run))
         assert a['state']['step'] == b['state']['step'] == 48
         for k in b['weights']: assert torch.equal(a['weights'][k], b['weights'][k]), (r, k)

@@ -18,20 +18,35 @@ SCRIPT = str(REPO / 'tests' / 'metrics_script.py')
 sys.path.insert(0, str(REPO / 'tests'))
 
 
-def run_script(tmp_path, mode, processes):
-    "Each process's JSON from `metrics_script.py MODE` run on `processes` processes (gloo on the CPU for 2)."
-    out = tmp_path / f'{mode}_{processes}'
+def run_modes(tmp_path, modes, processes) -> dict:
+    """`{mode: each process's JSON}` from `metrics_script.py MODES` (modes joined by commas, run in turn by each process)
+    on `processes` processes (gloo on the CPU for 2)."""
+    out = tmp_path / f"{modes.replace(',', '_')}_{processes}"
     out.mkdir()
     env = dict(os.environ, ACCELERATE_USE_CPU='1', CUDA_VISIBLE_DEVICES='', OMP_NUM_THREADS='1', PYTHONUNBUFFERED='1')
-    cmd = [sys.executable, SCRIPT, mode, str(out)] if processes == 1 else [
+    cmd = [sys.executable, SCRIPT, modes, str(out)] if processes == 1 else [
         str(VENV_BIN / 'accelerate'), 'launch', '--multi_gpu', '--num_processes', '2', '--num_machines', '1',
         '--mixed_precision', 'no', '--dynamo_backend', 'no', '--main_process_port', str(free_port()),
-        SCRIPT, mode, str(out)]
+        SCRIPT, modes, str(out)]
     p = subprocess.run(cmd, cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300)
     assert p.returncode == 0, p.stderr[-4000:]
-    ranks = [json.loads((out / f'rank{r}.json').read_text()) for r in range(processes)]
-    assert [r['processes'] for r in ranks] == [processes] * processes
-    return ranks
+    res = {m: [json.loads((out / m / f'rank{r}.json').read_text()) for r in range(processes)]
+           for m in modes.split(',')}
+    assert all([r['processes'] for r in ranks] == [processes] * processes for ranks in res.values())
+    return res
+
+
+def run_script(tmp_path, mode, processes):
+    "Each process's JSON from `metrics_script.py MODE` run on `processes` processes."
+    return run_modes(tmp_path, mode, processes)[mode]
+
+
+@pytest.fixture(scope='module')
+def evaluated(tmp_path_factory):
+    """`{(mode, processes): each process's JSON}` for the modes 'dist' and 'cls', on 1 and on 2 processes (one run
+    of both modes for each: a launch costs more than either)."""
+    d = tmp_path_factory.mktemp('evaluated')
+    return {(m, n): ranks for n in (2, 1) for m, ranks in run_modes(d, 'dist,cls', n).items()}
 
 
 def memory(tmp_path, n, kind):
@@ -121,8 +136,8 @@ def test_non_scalar_results_are_recorded_logged_and_checkpointed(tmp_path):
     assert t2.history['cm'].iloc[-1] == h['cm'].iloc[-1]
 
 
-def test_two_processes_equal_the_plain_metrics_and_one_process(tmp_path):
-    ranks, (single,) = run_script(tmp_path, 'dist', 2), run_script(tmp_path, 'dist', 1)
+def test_two_processes_equal_the_plain_metrics_and_one_process(evaluated):
+    ranks, (single,) = evaluated['dist', 2], evaluated['dist', 1]
     for r in ranks:
         res = r['result']
         assert r['samples'] == 101
@@ -131,10 +146,10 @@ def test_two_processes_equal_the_plain_metrics_and_one_process(tmp_path):
         assert res['streaming_mae'] == pytest.approx(single['result']['streaming_mae'], rel=1e-12, abs=0)
 
 
-def test_torchmetrics_exact_against_scikit_learn_on_one_and_two_processes(tmp_path):
+def test_torchmetrics_exact_against_scikit_learn_on_one_and_two_processes(evaluated):
     "203 samples in batches of 4 a process: on 2 processes, process 1 has no real sample in the last batch."
     from sklearn.metrics import accuracy_score, confusion_matrix, f1_score, precision_score
-    ranks, (single,) = run_script(tmp_path, 'cls', 2), run_script(tmp_path, 'cls', 1)
+    ranks, (single,) = evaluated['cls', 2], evaluated['cls', 1]
     for r in (single, *ranks):
         y, p = r['targets'], r['preds']
         res = r['result']
